@@ -1,0 +1,128 @@
+"""Django settings, read from the environment with django-environ.
+
+Defaults serve a developer: with no ``DATABASE_URL`` the project starts its own PostgreSQL
+cluster (see ``durable_project.localdb``). Production sets ``DATABASE_URL``,
+``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG=false`` and ``DJANGO_ALLOWED_HOSTS``.
+
+Protocol settings use the peer server's names (``DS_SECTION__NAME``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+SECRET_KEY = env(
+    "DJANGO_SECRET_KEY",
+    default="dev-only-insecure-key-set-DJANGO_SECRET_KEY-in-production",
+)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    # daphne first: it makes `manage.py runserver` serve the ASGI application.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "streams",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "durable_project.urls"
+ASGI_APPLICATION = "durable_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if env("DATABASE_URL", default=""):
+    DATABASES = {"default": env.db("DATABASE_URL")}
+else:
+    from durable_project import localdb
+
+    DATABASES = {"default": env.db_url_config(localdb.ensure_running())}
+DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "streams": {"handlers": ["console"], "level": env("DS_LOG_LEVEL", default="INFO")},
+    },
+}
+
+# --- Durable Streams (names follow the peer server's DS_SECTION__NAME convention) -------------
+
+# Long-poll wait before 204 (PROTOCOL.md 5.7). The conformance suite wants it under 4 s.
+DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0)
+# SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
+DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
+# Origins allowed by CORS: "*" or a comma-separated list.
+DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
+# A stream may hold at most this many bytes; an append past it answers 413.
+DS_MAX_STREAM_BYTES = env.int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3)
+# A request body may be at most this many bytes; a larger one answers 413 and stores nothing.
+DS_MAX_REQUEST_BYTES = env.int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2)
+# A catch-up response carries at most about this many bytes (always at least one message).
+DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=1024**2)
+# Connections in each server process's async pool. Small is fast: appends to one stream queue
+# on its row lock anyway (DESIGN.md, storage measurements).
+DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
+DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
+# Expired streams are deleted on access and by a sweep this often (seconds, per process).
+DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)

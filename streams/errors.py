@@ -1,0 +1,58 @@
+"""The one exception hierarchy of the base protocol (DESIGN.md, Errors).
+
+Each error carries its HTTP status, a short code, a message for humans and any headers the
+protocol requires on that answer (``Stream-Closed``, ``Producer-Expected-Seq``...). The HTTP
+layer maps them to a response in exactly one place (``streams.http.responses.error_response``).
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    status = 500
+    code = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(ProtocolError):
+    status = 400
+    code = "BAD_REQUEST"
+
+
+class NotFound(ProtocolError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class MethodNotAllowed(ProtocolError):
+    status = 405
+    code = "METHOD_NOT_ALLOWED"
+
+
+class Forbidden(ProtocolError):
+    status = 403
+    code = "FORBIDDEN"
+
+
+class Conflict(ProtocolError):
+    status = 409
+    code = "CONFLICT"
+
+
+class Gone(ProtocolError):
+    status = 410
+    code = "GONE"
+
+
+class PayloadTooLarge(ProtocolError):
+    status = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ServiceUnavailable(ProtocolError):
+    status = 503
+    code = "UNAVAILABLE"

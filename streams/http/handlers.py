@@ -1,0 +1,232 @@
+"""One handler per protocol operation (STYLE.md: thin handlers).
+
+Each parses its request, makes one store call (a live read loops over them), and builds the
+answer. Business rules live in the store's SQL functions; wire rules in ``streams.protocol``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from streams.errors import BadRequest
+from streams.http.request import Request
+from streams.http.responses import Response
+from streams.protocol import headers as h
+from streams.protocol import json_mode
+from streams.protocol.offsets import Offset, parse, parse_read_offset
+from streams.store import group_commit, reads, writes
+from streams.store.types import AppendRequest, CreateRequest, ForkSpec, ReadResult, StreamMeta
+
+STREAM_ROUTE = "/v1/stream/"
+NO_STORE = "no-store"
+# PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
+CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+
+
+def _expiry_headers(ttl_seconds: int | None, expires_at: object) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if ttl_seconds is not None:
+        headers["Stream-TTL"] = str(ttl_seconds)
+    if expires_at is not None:
+        headers["Stream-Expires-At"] = expires_at.isoformat().replace("+00:00", "Z")  # type: ignore[attr-defined]
+    return headers
+
+
+def _fork_spec(request: Request) -> ForkSpec | None:
+    source = request.header("stream-forked-from")
+    offset = request.header("stream-fork-offset")
+    sub_offset = request.header("stream-fork-sub-offset")
+    if source is None:
+        if offset is not None or sub_offset is not None:
+            raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+        return None
+    source = source.strip()
+    if source.startswith(STREAM_ROUTE):
+        source = source[len(STREAM_ROUTE) :]
+    from streams.http.request import stream_path
+
+    sub = 0
+    if sub_offset is not None:
+        sub_text = sub_offset.strip()
+        if not sub_text.isdigit() or len(sub_text) > 15:
+            raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
+        sub = int(sub_text)
+    return ForkSpec(
+        source_path=stream_path(source.lstrip("/")),
+        offset=parse(offset.strip()) if offset is not None else None,
+        sub_offset=sub,
+    )
+
+
+async def create(request: Request) -> Response:
+    """PUT: create a stream or a fork, idempotently (PROTOCOL.md 5.1, 4.2)."""
+    ttl_header = request.header("stream-ttl")
+    expires_header = request.header("stream-expires-at")
+    if ttl_header is not None and expires_header is not None:
+        raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
+    ttl = h.parse_ttl(ttl_header) if ttl_header is not None else None
+    expires_at = h.parse_expires_at(expires_header) if expires_header is not None else None
+    content_type = request.header("content-type")
+    if content_type is not None:
+        content_type = content_type.strip()
+        h.media_type(content_type)  # validates
+    fork = _fork_spec(request)
+    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+
+    body_media = h.media_type(content_type) if content_type else None
+    if body_media is None and fork is not None and body:
+        body_media = (await reads.stream_meta(fork.source_path, touch=False)).media_type
+    if body_media is None:
+        body_media = h.DEFAULT_CONTENT_TYPE
+    if h.is_json(body_media):
+        messages = json_mode.messages_for_create(body)
+    else:
+        messages = [body] if body else []
+
+    result = await writes.create_stream(
+        CreateRequest(
+            path=request.path,
+            content_type=content_type or (None if fork else h.DEFAULT_CONTENT_TYPE),
+            ttl_seconds=ttl,
+            expires_at=expires_at,
+            closed=h.is_true(request.header("stream-closed")),
+            messages=messages,
+            fork=fork,
+        ),
+        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+    )
+    headers = {
+        "Content-Type": result.content_type,
+        "Stream-Next-Offset": str(result.tail),
+        "Cache-Control": NO_STORE,
+    }
+    if result.closed:
+        headers["Stream-Closed"] = "true"
+    if result.created:
+        headers["Location"] = _absolute_url(request)
+    return Response(201 if result.created else 200, headers)
+
+
+async def append(request: Request) -> Response:
+    """POST: append, optionally close, optionally as an idempotent producer (PROTOCOL.md 5.2)."""
+    close = h.is_true(request.header("stream-closed"))
+    producer = h.parse_producer(
+        request.header("producer-id"),
+        request.header("producer-epoch"),
+        request.header("producer-seq"),
+    )
+    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    if body:
+        content_type = request.header("content-type")
+        if not content_type:
+            raise BadRequest("Content-Type is required with a body")
+        body_media: str | None = h.media_type(content_type)
+        messages = json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
+    elif close:
+        body_media, messages = None, []
+    else:
+        raise BadRequest("empty body (only a close with Stream-Closed: true may be empty)")
+
+    result = await group_commit.append(
+        AppendRequest(
+            path=request.path,
+            media_type=body_media,
+            messages=messages,
+            close=close,
+            producer=producer,
+            stream_seq=request.header("stream-seq"),
+        )
+    )
+    headers = {"Stream-Next-Offset": str(result.next_offset), "Cache-Control": NO_STORE}
+    if result.closed:
+        headers["Stream-Closed"] = "true"
+    if producer is not None:
+        headers["Producer-Epoch"] = str(result.producer_epoch)
+        headers["Producer-Seq"] = str(result.producer_seq)
+        return Response(204 if result.duplicate else 200, headers)
+    return Response(204, headers)
+
+
+async def head(request: Request) -> Response:
+    """HEAD: metadata only; does not renew a sliding TTL (PROTOCOL.md 5.5)."""
+    meta = await reads.stream_meta(request.path, touch=False)
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(meta.tail),
+        "Cache-Control": NO_STORE,
+        **_expiry_headers(meta.ttl_seconds, meta.expires_at),
+    }
+    if meta.closed:
+        headers["Stream-Closed"] = "true"
+    return Response(200, headers)
+
+
+async def delete(request: Request) -> Response:
+    """DELETE: remove, or soft-delete while forks read through it (PROTOCOL.md 5.4)."""
+    await writes.delete_stream(request.path)
+    return Response(204, {"Cache-Control": NO_STORE})
+
+
+async def read(request: Request) -> Response:
+    """GET without ``live``: a catch-up read (PROTOCOL.md 5.6)."""
+    start = parse_read_offset(request.query.get("offset", []))
+    meta = await reads.stream_meta(request.path, touch=True)
+    if start.at_tail:
+        return tail_response(meta, 200)
+    assert start.offset is not None
+    result = await reads.read_range(meta, start.offset, settings.DS_MAX_READ_BYTES)
+    response = data_response(meta, result)
+    if_none_match = request.header("if-none-match")
+    if if_none_match is not None and response.headers["ETag"] in _etags(if_none_match):
+        return Response(304, {k: v for k, v in response.headers.items() if k != "Content-Type"})
+    return response
+
+
+def _etags(header: str) -> set[str]:
+    return {tag.strip() for tag in header.split(",")}
+
+
+def body_of(meta: StreamMeta, messages: list[bytes]) -> bytes:
+    return json_mode.render(messages) if meta.is_json else b"".join(messages)
+
+
+def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = None) -> Response:
+    etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(result.next_offset),
+        "ETag": etag,
+        # A chunk that reaches the tail of an open stream may grow; only history is cacheable.
+        "Cache-Control": CACHEABLE if not result.up_to_date else NO_STORE,
+    }
+    if result.up_to_date:
+        headers["Stream-Up-To-Date"] = "true"
+    if result.closed_at_tail:
+        headers["Stream-Closed"] = "true"
+    elif cursor is not None:
+        headers["Stream-Cursor"] = cursor
+    return Response(200, headers, body_of(meta, result.messages))
+
+
+def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
+    """An answer at the tail with no data: ``offset=now`` (200) or a long-poll timeout (204)."""
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(meta.tail),
+        "Stream-Up-To-Date": "true",
+        "Cache-Control": NO_STORE,
+    }
+    if meta.closed:
+        headers["Stream-Closed"] = "true"
+    elif cursor is not None:
+        headers["Stream-Cursor"] = cursor
+    return Response(status, headers, body_of(meta, []) if status == 200 else b"")
+
+
+def _absolute_url(request: Request) -> str:
+    host = request.header("host") or "localhost"
+    scheme = request.scope.get("scheme", "http")
+    return f"{scheme}://{host}{request.raw_path}"
+
+
+__all__ = ["Offset"]

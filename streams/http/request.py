@@ -1,0 +1,123 @@
+"""A minimal request object over an ASGI HTTP scope, for the lean protocol endpoints.
+
+Django's request machinery is deliberately not used on the hot path (DESIGN.md, Request path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote_to_bytes
+
+from streams.errors import BadRequest, PayloadTooLarge
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = dict[str, Any]
+
+MAX_PATH_BYTES = 1024
+
+
+class ClientDisconnected(Exception):
+    """The client went away while we were reading its request."""
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    # The stream path: the percent-decoded part of the URL path after the route prefix.
+    path: str
+    # The URL path as sent (still percent-encoded), for Location headers.
+    raw_path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    scope: Scope
+    receive: Receive
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def query_value(self, name: str) -> str | None:
+        values = self.query.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            raise BadRequest(f"query parameter {name!r} given more than once")
+        return values[0]
+
+    async def body(self, limit: int) -> bytes:
+        """The whole request body; 413 as soon as it passes ``limit`` bytes."""
+        declared = self.header("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _decode_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value in raw:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        # Repeated headers combine as a comma-separated list (RFC 9110 5.3).
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers
+
+
+def stream_path(encoded: str) -> str:
+    """Decode and validate the stream path part of a URL (PROTOCOL.md 12.2: no traversal).
+
+    Rejects empty paths and segments, ``.`` and ``..`` segments (also when percent-encoded),
+    control characters, invalid UTF-8, and the reserved ``__ds`` prefix (PROTOCOL.md 6).
+    """
+    try:
+        path = unquote_to_bytes(encoded).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("stream path is not valid UTF-8") from None
+    if not path:
+        raise BadRequest("stream path is empty")
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise BadRequest(f"stream path is longer than {MAX_PATH_BYTES} bytes")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        raise BadRequest("stream path contains control characters")
+    segments = path.split("/")
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise BadRequest("stream path has an empty, '.' or '..' segment")
+    if segments[0] == "__ds":
+        raise BadRequest("paths under '__ds' are reserved for protocol control APIs")
+    return path
+
+
+def build_request(scope: Scope, receive: Receive, prefix: str) -> Request:
+    raw = scope.get("raw_path")
+    encoded = raw.decode("latin-1") if raw else scope["path"]
+    encoded = encoded.split("?", 1)[0]
+    if not encoded.startswith(prefix):
+        raise BadRequest("not a stream URL")
+    query_string = scope.get("query_string", b"").decode("latin-1")
+    try:
+        query = parse_qs(query_string, keep_blank_values=True, strict_parsing=False)
+    except ValueError:
+        raise BadRequest("malformed query string") from None
+    return Request(
+        method=scope["method"].upper(),
+        path=stream_path(encoded[len(prefix) :]),
+        raw_path=encoded,
+        query=query,
+        headers=_decode_headers(scope.get("headers", [])),
+        scope=scope,
+        receive=receive,
+    )

@@ -1,0 +1,131 @@
+"""Responses of the lean endpoints: headers every answer carries, and the one place where
+protocol errors become HTTP answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from streams.errors import ProtocolError
+from streams.http.request import Send
+
+# Headers a browser client must be able to read (CORS). Lower-case to match what fetch sees.
+EXPOSED_HEADERS = ", ".join(
+    [
+        "Stream-Next-Offset",
+        "Stream-Cursor",
+        "Stream-Up-To-Date",
+        "Stream-Closed",
+        "Stream-TTL",
+        "Stream-Expires-At",
+        "Stream-Sse-Data-Encoding",
+        "Producer-Epoch",
+        "Producer-Seq",
+        "Producer-Expected-Seq",
+        "Producer-Received-Seq",
+        "ETag",
+        "Location",
+        "Content-Type",
+        "Content-Length",
+    ]
+)
+ALLOWED_METHODS = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
+ALLOWED_REQUEST_HEADERS = ", ".join(
+    [
+        "Content-Type",
+        "Authorization",
+        "If-None-Match",
+        "Stream-TTL",
+        "Stream-Expires-At",
+        "Stream-Seq",
+        "Stream-Closed",
+        "Stream-Forked-From",
+        "Stream-Fork-Offset",
+        "Stream-Fork-Sub-Offset",
+        "Producer-Id",
+        "Producer-Epoch",
+        "Producer-Seq",
+    ]
+)
+
+# Browser security headers (PROTOCOL.md 12.7), on every answer including errors.
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-resource-policy", b"cross-origin"),
+]
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+def cors_headers(origin: str | None) -> list[tuple[bytes, bytes]]:
+    allowed = settings.DS_CORS_ORIGINS
+    if "*" in allowed:
+        value = "*"
+    elif origin is not None and origin in allowed:
+        value = origin
+    else:
+        return [(b"vary", b"Origin")]
+    headers = [
+        (b"access-control-allow-origin", value.encode("latin-1")),
+        (b"access-control-expose-headers", EXPOSED_HEADERS.encode()),
+    ]
+    if value != "*":
+        headers.append((b"vary", b"Origin"))
+    return headers
+
+
+def preflight(origin: str | None, requested_headers: str | None) -> Response:
+    """Answer to a CORS preflight (OPTIONS)."""
+    headers = {
+        "Access-Control-Allow-Methods": ALLOWED_METHODS,
+        "Access-Control-Allow-Headers": requested_headers or ALLOWED_REQUEST_HEADERS,
+        "Access-Control-Max-Age": "86400",
+        "Allow": ALLOWED_METHODS,
+    }
+    return Response(204, headers)
+
+
+def error_response(error: ProtocolError) -> Response:
+    """The single place where protocol errors are mapped to HTTP answers: the status and
+    headers the error carries, a short plain-text body, and nothing cacheable."""
+    headers = {"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store"}
+    headers.update(error.headers)
+    return Response(error.status, headers, error.message.encode("utf-8") + b"\n")
+
+
+def encode_headers(
+    response_headers: dict[str, str], origin: str | None, body_length: int | None
+) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response_headers.items()
+    ]
+    if body_length is not None:
+        headers.append((b"content-length", str(body_length).encode()))
+    headers.extend(SECURITY_HEADERS)
+    headers.extend(cors_headers(origin))
+    return headers
+
+
+async def send_response(
+    send: Send, response: Response, origin: str | None, *, head: bool = False
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": encode_headers(
+                response.headers,
+                origin,
+                None if head or response.status in (204, 304) else len(response.body),
+            ),
+        }
+    )
+    body = b"" if head or response.status in (204, 304) else response.body
+    await send({"type": "http.response.body", "body": body})

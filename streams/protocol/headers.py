@@ -1,0 +1,101 @@
+"""Request headers of the base protocol: TTL, expiry, closure, content types, producers."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from streams.errors import BadRequest
+
+# PROTOCOL.md 5.1: decimal, no sign, no leading zeros, no fraction or exponent.
+_TTL_RE = re.compile(r"0|[1-9][0-9]{0,17}")
+# RFC 3339 date-time: full date, "T" (or space is not allowed here), time, zone.
+_RFC3339_RE = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+# PROTOCOL.md 5.2.1: epochs and sequence numbers are integers in [0, 2^53 - 1].
+MAX_SAFE_INTEGER = 2**53 - 1
+_UINT_RE = re.compile(r"0|[1-9][0-9]{0,15}")
+# RFC 9110 token, for the type and subtype of a media type.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_MEDIA_TYPE_RE = re.compile(rf"\s*({_TOKEN})/({_TOKEN})\s*(;.*)?", re.DOTALL)
+
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+JSON = "application/json"
+
+
+def parse_ttl(value: str) -> int:
+    if not _TTL_RE.fullmatch(value):
+        raise BadRequest(f"Stream-TTL must be a non-negative integer of seconds, got {value!r}")
+    return int(value)
+
+
+def parse_expires_at(value: str) -> datetime:
+    match = _RFC3339_RE.fullmatch(value.strip())
+    if match is None:
+        raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value[:64]!r}")
+    text = match.group(0)
+    fraction = match.group(7) or ""
+    # datetime handles at most microseconds; drop finer digits rather than reject them.
+    text = text.replace(fraction, fraction[:7]) if len(fraction) > 7 else text
+    try:
+        moment = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise BadRequest(f"Stream-Expires-At is not a valid date: {exc}") from None
+    return moment.astimezone(UTC)
+
+
+def is_true(value: str | None) -> bool:
+    """``Stream-Closed`` counts only when it is exactly ``true``, any case (PROTOCOL.md 4.1)."""
+    return value is not None and value.strip().lower() == "true"
+
+
+def media_type(content_type: str) -> str:
+    """The ``type/subtype`` of a Content-Type, lower-cased, parameters dropped; used to compare
+    a request's type with a stream's (``application/json; charset=utf-8`` is JSON)."""
+    match = _MEDIA_TYPE_RE.fullmatch(content_type)
+    if match is None:
+        raise BadRequest(f"malformed Content-Type {content_type[:100]!r}")
+    return f"{match.group(1)}/{match.group(2)}".lower()
+
+
+def is_json(stream_media_type: str) -> bool:
+    return stream_media_type == JSON
+
+
+def is_text_for_sse(stream_media_type: str) -> bool:
+    """SSE carries ``text/*`` and JSON as UTF-8; everything else is base64 (PROTOCOL.md 5.8)."""
+    return stream_media_type.startswith("text/") or stream_media_type == JSON
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerTuple:
+    producer_id: str
+    epoch: int
+    seq: int
+
+
+def _producer_integer(name: str, value: str) -> int:
+    if not _UINT_RE.fullmatch(value) or int(value) > MAX_SAFE_INTEGER:
+        raise BadRequest(f"{name} must be an integer between 0 and 2^53-1, got {value[:32]!r}")
+    return int(value)
+
+
+def parse_producer(
+    producer_id: str | None, epoch: str | None, seq: str | None
+) -> ProducerTuple | None:
+    """All three producer headers or none (PROTOCOL.md 5.2.1)."""
+    given = [v is not None for v in (producer_id, epoch, seq)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise BadRequest("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
+    assert producer_id is not None and epoch is not None and seq is not None
+    if producer_id.strip() == "":
+        raise BadRequest("Producer-Id must not be empty")
+    return ProducerTuple(
+        producer_id=producer_id,
+        epoch=_producer_integer("Producer-Epoch", epoch.strip()),
+        seq=_producer_integer("Producer-Seq", seq.strip()),
+    )

@@ -1,0 +1,77 @@
+"""JSON mode (PROTOCOL.md 9.1): validation, one-level array flattening, compact storage.
+
+Each message is stored as compact JSON text, so a read is the stored rows joined by commas
+inside ``[`` ``]`` with no re-encoding on the read path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streams.errors import BadRequest
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _encode(value: Any) -> bytes:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate escape ("\ud800") is valid JSON but not UTF-8: keep it escaped.
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def parse_body(body: bytes) -> Any:
+    """Decode a request body as one JSON text (UTF-8, strict: no NaN or Infinity)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("JSON body is not valid UTF-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    try:
+        value, end = _decoder.raw_decode(text, _skip_whitespace(text, 0))
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
+    if _skip_whitespace(text, end) != len(text):
+        raise BadRequest("invalid JSON: extra data after the value")
+    return value
+
+
+def _skip_whitespace(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\n\r":
+        index += 1
+    return index
+
+
+def messages_for_append(body: bytes) -> list[bytes]:
+    """The messages a POST stores: an array is flattened one level; ``[]`` is a 400
+    (PROTOCOL.md 9.1.2, 9.1.3)."""
+    value = parse_body(body)
+    if isinstance(value, list):
+        if not value:
+            raise BadRequest("an append must not be an empty JSON array")
+        return [_encode(item) for item in value]
+    return [_encode(value)]
+
+
+def messages_for_create(body: bytes) -> list[bytes]:
+    """The initial messages of a PUT: like an append, but ``[]`` creates an empty stream."""
+    if not body.strip():
+        return []
+    value = parse_body(body)
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    return [_encode(value)]
+
+
+def render(messages: list[bytes]) -> bytes:
+    """A JSON read: the stored messages as one array."""
+    return b"[" + b",".join(messages) + b"]"

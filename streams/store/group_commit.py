@@ -1,0 +1,109 @@
+"""Group commit of appends to one stream (DESIGN.md, Storage: "one round trip + group commit").
+
+Appends to one stream are serialized by its row lock, and with durable commits each transaction
+waits for its own WAL flush while holding that lock. So inside one process, while a stream has
+a batch in flight, later appends to it queue; when the batch commits, everything queued goes
+in the next batch: one lock, one transaction, one flush for all of them. Each request is still
+judged on its own inside the batch (``ds_append``), and is acknowledged only after the commit.
+
+Across processes nothing changes: batches from different processes queue on the row lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from streams import live
+from streams.errors import ProtocolError
+from streams.store.types import AppendRequest, AppendResult
+from streams.store.writes import append_batch
+
+logger = logging.getLogger(__name__)
+
+# Bounds on one batch, so a burst cannot build one giant transaction.
+MAX_BATCH_REQUESTS = 256
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class _StreamQueue:
+    pending: list[tuple[AppendRequest, asyncio.Future[AppendResult]]] = field(
+        default_factory=list
+    )
+    running: bool = False
+
+
+_queues: dict[str, _StreamQueue] = {}
+
+
+async def append(request: AppendRequest) -> AppendResult:
+    """Append through the stream's queue; returns after commit or raises the request's error."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[AppendResult] = loop.create_future()
+    # If the client leaves, nobody awaits the outcome: mark it retrieved to keep logs quiet.
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    queue = _queues.get(request.path)
+    if queue is None:
+        queue = _queues[request.path] = _StreamQueue()
+    queue.pending.append((request, future))
+    if not queue.running:
+        queue.running = True
+        # The writer is a task of its own: a client that disconnects mid-append cancels only
+        # its wait, never the transaction other requests share.
+        loop.create_task(_drain(request.path, queue))
+    return await asyncio.shield(future)
+
+
+def _take_batch(queue: _StreamQueue) -> list[tuple[AppendRequest, asyncio.Future[AppendResult]]]:
+    size = 0
+    count = 0
+    for request, _ in queue.pending:
+        if count and (count >= MAX_BATCH_REQUESTS or size + request.size > MAX_BATCH_BYTES):
+            break
+        size += request.size
+        count += 1
+    batch, queue.pending = queue.pending[:count], queue.pending[count:]
+    return batch
+
+
+async def _drain(path: str, queue: _StreamQueue) -> None:
+    try:
+        while queue.pending:
+            batch = _take_batch(queue)
+            requests = [request for request, _ in batch]
+            try:
+                results = await append_batch(
+                    path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES
+                )
+            except Exception as exc:  # noqa: BLE001 - every waiter must hear about it
+                logger.exception("append batch to %r failed", path)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            _publish(results)
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, ProtocolError):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+    finally:
+        queue.running = False
+        if _queues.get(path) is queue and not queue.pending:
+            del _queues[path]
+
+
+def _publish(results: list[AppendResult | ProtocolError]) -> None:
+    """Wake this process's readers at once; other processes hear the NOTIFY."""
+    last = None
+    for result in results:
+        if isinstance(result, AppendResult) and not result.duplicate:
+            last = result
+    if last is not None:
+        live.hub.publish(last.stream_id, last.next_offset.seq, last.closed)

@@ -1,0 +1,94 @@
+"""Reads: stream metadata and ranges of messages (PROTOCOL.md 5.5, 5.6).
+
+Reads take no locks. A read is bounded by the tail that the metadata statement saw, so the
+answer (data, next offset, up-to-date, closed) describes one consistent moment even when appends
+commit in between.
+"""
+
+from __future__ import annotations
+
+from streams.errors import BadRequest, Gone, NotFound
+from streams.protocol.offsets import Offset
+from streams.store.pool import get_pool
+from streams.store.types import ReadResult, Segment, StreamMeta
+
+_META_SQL = (
+    "SELECT id, content_type, next_seq, next_pos, closed, ttl_seconds, expires_at, deleted,"
+    " created_at, chain_ids, chain_lo, chain_hi FROM ds_stream_meta(%s, %s)"
+)
+_ROWS_SQL = (
+    "SELECT seq, pos, data FROM ds_message"
+    " WHERE stream_id = %s AND seq >= %s AND seq < %s AND pos < %s ORDER BY seq"
+)
+
+
+async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
+    """The stream at ``path``; ``touch`` renews a sliding TTL (reads do, HEAD does not).
+    Raises NotFound (missing or expired) or Gone (soft-deleted)."""
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(_META_SQL, (path, touch))
+        row = await cur.fetchone()
+    if row is None:
+        raise NotFound("stream not found")
+    (sid, content_type, next_seq, next_pos, closed, ttl, expires_at, deleted, created_at) = row[:9]
+    if deleted:
+        raise Gone("stream was deleted")
+    ids, los, his = row[9], row[10], row[11]
+    return StreamMeta(
+        id=sid,
+        content_type=content_type,
+        tail=Offset(next_seq, next_pos),
+        closed=closed,
+        ttl_seconds=ttl,
+        expires_at=expires_at,
+        created_at=created_at,
+        segments=tuple(Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)),
+    )
+
+
+def check_offset(meta: StreamMeta, start: Offset) -> None:
+    """An offset past the tail is not one this stream minted (PROTOCOL.md 8)."""
+    tail = meta.tail
+    if start.seq > tail.seq or (start.seq == tail.seq and start.pos != tail.pos):
+        raise BadRequest("offset is beyond the end of the stream")
+
+
+async def read_range(meta: StreamMeta, start: Offset, max_bytes: int) -> ReadResult:
+    """Messages from ``start`` up to about ``max_bytes`` (always at least one message), across
+    the fork chain, bounded by the tail in ``meta``."""
+    check_offset(meta, start)
+    tail = meta.tail
+    messages: list[bytes] = []
+    next_offset = start
+    if start.seq < tail.seq:
+        byte_limit = start.pos + max(max_bytes, 1)
+        pool = await get_pool()
+        async with pool.connection() as conn:
+            # Oldest segment first: the chain is stored leaf-first.
+            for segment in reversed(meta.segments):
+                hi = tail.seq if segment.hi is None else min(segment.hi, tail.seq)
+                lo = max(segment.lo, next_offset.seq)
+                if lo >= hi:
+                    continue
+                cur = await conn.execute(
+                    _ROWS_SQL, (segment.stream_id, lo, hi, byte_limit), binary=True
+                )
+                rows = await cur.fetchall()
+                for seq, pos, data in rows:
+                    if seq != next_offset.seq or pos != next_offset.pos:
+                        raise BadRequest("offset does not belong to this stream")
+                    messages.append(bytes(data))
+                    next_offset = Offset(seq + 1, pos + len(data))
+                if not rows or rows[-1][0] + 1 < hi:
+                    break  # the byte budget ended this read inside the segment
+        if not messages:
+            raise BadRequest("offset does not belong to this stream")
+    up_to_date = next_offset == tail
+    return ReadResult(
+        messages=messages,
+        start=start,
+        next_offset=next_offset,
+        up_to_date=up_to_date,
+        closed_at_tail=up_to_date and meta.closed,
+    )

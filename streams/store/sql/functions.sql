@@ -1,0 +1,591 @@
+-- Server-side functions of the write path (DESIGN.md, Storage).
+--
+-- Each write is ONE round trip: the stream row lock (SELECT ... FOR UPDATE) is held only while
+-- this code runs inside PostgreSQL, never across client round trips. Appends to one stream are
+-- totally ordered by that lock; appends to different streams run in parallel.
+--
+-- Installed (CREATE OR REPLACE) by a post_migrate handler from this file, so the file is the one
+-- source of truth. Functions return outcome codes, never raise for client errors: the Python
+-- store maps outcomes to protocol errors in one place.
+
+-- The media type of a Content-Type: "Application/JSON; charset=utf-8" -> "application/json".
+CREATE OR REPLACE FUNCTION ds_media_type(p_content_type text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT lower(btrim(split_part(p_content_type, ';', 1)))
+$$;
+
+-- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1)
+CREATE OR REPLACE FUNCTION ds_is_expired(s ds_stream) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT (s.expires_at IS NOT NULL AND s.expires_at <= now())
+        OR (s.ttl_seconds IS NOT NULL
+            AND s.accessed_at + make_interval(secs => s.ttl_seconds) <= now())
+$$;
+
+-- Remove a stream whose row is locked by the caller, with its data, and release its fork
+-- source; cascades up a chain of soft-deleted sources whose last fork is gone (PROTOCOL.md 4.2).
+CREATE OR REPLACE FUNCTION ds_remove(p_stream_id bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := p_stream_id;
+    v_source bigint;
+    v_src ds_stream;
+BEGIN
+    LOOP
+        DELETE FROM ds_stream WHERE id = v_id RETURNING fork_source_id INTO v_source;
+        DELETE FROM ds_message WHERE stream_id = v_id;
+        DELETE FROM ds_producer WHERE stream_id = v_id;
+        PERFORM pg_notify('ds_streams', v_id || ':-1:d');
+        EXIT WHEN v_source IS NULL;
+        UPDATE ds_stream SET fork_refcount = fork_refcount - 1
+         WHERE id = v_source RETURNING * INTO v_src;
+        EXIT WHEN NOT FOUND OR v_src.fork_refcount > 0 OR v_src.deleted_at IS NULL;
+        v_id := v_source;
+    END LOOP;
+END;
+$$;
+
+-- Delete on behalf of a client. A stream with forks is soft-deleted: it answers 410 and keeps
+-- its data for fork reads until its last fork is gone (PROTOCOL.md 5.4).
+-- Outcomes: deleted | soft_deleted | not_found | gone.
+CREATE OR REPLACE FUNCTION ds_delete(p_path text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+BEGIN
+    SELECT * INTO s FROM ds_stream WHERE path = p_path FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    ELSIF s.deleted_at IS NOT NULL THEN
+        RETURN 'gone';
+    ELSIF ds_is_expired(s) THEN
+        PERFORM ds_expire(s);
+        RETURN 'not_found';
+    ELSIF s.fork_refcount > 0 THEN
+        UPDATE ds_stream SET deleted_at = now() WHERE id = s.id;
+        PERFORM pg_notify('ds_streams', s.id || ':-1:d');
+        RETURN 'soft_deleted';
+    END IF;
+    PERFORM ds_remove(s.id);
+    RETURN 'deleted';
+END;
+$$;
+
+-- An expired stream, row locked by the caller, is gone: removed, or soft-deleted while forks
+-- still read through it.
+CREATE OR REPLACE FUNCTION ds_expire(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.fork_refcount > 0 THEN
+        UPDATE ds_stream SET deleted_at = coalesce(deleted_at, now()) WHERE id = s.id;
+        PERFORM pg_notify('ds_streams', s.id || ':-1:d');
+    ELSE
+        PERFORM ds_remove(s.id);
+    END IF;
+END;
+$$;
+
+-- Sweep expired streams (a periodic job in every server process; cheap when nothing expired).
+CREATE OR REPLACE FUNCTION ds_sweep_expired(p_limit int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    v_count int := 0;
+BEGIN
+    FOR s IN
+        SELECT * FROM ds_stream
+         WHERE deleted_at IS NULL
+           AND ((expires_at IS NOT NULL AND expires_at <= now())
+             OR (ttl_seconds IS NOT NULL
+                 AND accessed_at + make_interval(secs => ttl_seconds) <= now()))
+         ORDER BY id
+         LIMIT p_limit
+         FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM ds_expire(s);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- Stream metadata for a read, HEAD or live wait, renewing a sliding TTL when p_touch
+-- (reads renew it, HEAD does not: PROTOCOL.md 5.1). An expired stream is expired on the spot.
+-- For a fork, chain_ids/chain_lo/chain_hi list the segments whose rows make up the stream:
+-- rows of chain_ids[i] with chain_lo[i] <= seq < chain_hi[i] (NULL hi: no upper bound).
+CREATE OR REPLACE FUNCTION ds_stream_meta(p_path text, p_touch boolean)
+RETURNS TABLE (
+    id bigint, content_type text, next_seq bigint, next_pos bigint, closed boolean,
+    ttl_seconds bigint, expires_at timestamptz, deleted boolean, created_at timestamptz,
+    chain_ids bigint[], chain_lo bigint[], chain_hi bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    v_ids bigint[];
+    v_lo bigint[];
+    v_hi bigint[];
+    v_cur ds_stream;
+    v_hi_bound bigint;
+BEGIN
+    SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF s.deleted_at IS NULL AND ds_is_expired(s) THEN
+        SELECT * INTO s FROM ds_stream AS t WHERE t.id = s.id FOR UPDATE;
+        IF FOUND AND ds_is_expired(s) THEN
+            PERFORM ds_expire(s);
+        END IF;
+        RETURN;
+    END IF;
+    IF p_touch AND s.ttl_seconds IS NOT NULL AND s.deleted_at IS NULL THEN
+        UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
+    END IF;
+    v_cur := s;
+    v_hi_bound := NULL;
+    LOOP
+        v_ids := v_ids || v_cur.id;
+        v_lo := v_lo || coalesce(v_cur.fork_seq, 0);
+        v_hi := v_hi || v_hi_bound;
+        EXIT WHEN v_cur.fork_source_id IS NULL;
+        v_hi_bound := v_cur.fork_seq;
+        SELECT * INTO v_cur FROM ds_stream AS t WHERE t.id = v_cur.fork_source_id;
+        EXIT WHEN NOT FOUND;
+    END LOOP;
+    RETURN QUERY SELECT s.id, s.content_type, s.next_seq, s.next_pos, s.closed, s.ttl_seconds,
+        s.expires_at, s.deleted_at IS NOT NULL, s.created_at, v_ids, v_lo, v_hi;
+END;
+$$;
+
+-- The message at p_seq as seen by stream p_stream_id, following the fork chain downwards.
+CREATE OR REPLACE FUNCTION ds_chain_message(p_stream_id bigint, p_seq bigint)
+RETURNS ds_message
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_cur ds_stream;
+    m ds_message;
+BEGIN
+    SELECT * INTO v_cur FROM ds_stream WHERE id = p_stream_id;
+    WHILE FOUND AND v_cur.fork_source_id IS NOT NULL AND p_seq < v_cur.fork_seq LOOP
+        SELECT * INTO v_cur FROM ds_stream WHERE id = v_cur.fork_source_id;
+    END LOOP;
+    SELECT * INTO m FROM ds_message WHERE stream_id = v_cur.id AND seq = p_seq;
+    RETURN m;
+END;
+$$;
+
+-- Create a stream, or a fork of one (PROTOCOL.md 4.2, 5.1). Idempotent: an existing stream with
+-- the same configuration answers `exists`, a different one `conflict`. p_content_type NULL
+-- means "not given": the default, or the source's type for a fork. p_fork_seq NULL means the
+-- source's tail.
+-- Outcomes: created | exists | conflict | source_not_found | source_gone |
+--           content_type_mismatch | fork_offset_invalid | sub_offset_invalid | too_large
+CREATE OR REPLACE FUNCTION ds_create(
+    p_path text,
+    p_content_type text,
+    p_ttl_seconds bigint,
+    p_expires_at timestamptz,
+    p_closed boolean,
+    p_data bytea[],
+    p_max_stream_bytes bigint,
+    p_fork_from text,
+    p_fork_seq bigint,
+    p_fork_pos bigint,
+    p_fork_sub bigint
+)
+RETURNS TABLE (
+    outcome text, id bigint, content_type text, next_seq bigint, next_pos bigint,
+    closed boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    src ds_stream;
+    m ds_message;
+    v_type text := coalesce(p_content_type, 'application/octet-stream');
+    v_ttl bigint := p_ttl_seconds;
+    v_expires timestamptz := p_expires_at;
+    v_fork_seq bigint;
+    v_fork_pos bigint;
+    v_seq bigint := 0;
+    v_pos bigint := 0;
+    v_partial bytea;
+    v_bytes bigint;
+    v_id bigint;
+BEGIN
+    <<attempt>>
+    LOOP
+        SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
+        IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
+            PERFORM ds_expire(s);
+            SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
+        END IF;
+        IF FOUND THEN
+            IF s.deleted_at IS NOT NULL THEN
+                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
+                    s.closed;
+                RETURN;
+            END IF;
+            -- Compare what the request would create with what exists.
+            IF p_fork_from IS NOT NULL THEN
+                SELECT * INTO src FROM ds_stream AS t WHERE t.id = s.fork_source_id;
+                IF NOT FOUND OR src.path IS DISTINCT FROM p_fork_from
+                   OR (p_fork_seq IS NOT NULL
+                       AND (p_fork_seq, p_fork_pos) IS DISTINCT FROM (s.fork_seq, s.fork_pos)
+                       AND p_fork_sub = 0)
+                THEN
+                    RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq,
+                        s.next_pos, s.closed;
+                    RETURN;
+                END IF;
+                v_type := coalesce(p_content_type, s.content_type);
+                IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
+                    v_ttl := s.ttl_seconds;
+                    v_expires := s.expires_at;
+                END IF;
+            ELSIF s.fork_source_id IS NOT NULL THEN
+                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
+                    s.closed;
+                RETURN;
+            END IF;
+            IF ds_media_type(v_type) = ds_media_type(s.content_type)
+               AND v_ttl IS NOT DISTINCT FROM s.ttl_seconds
+               AND v_expires IS NOT DISTINCT FROM s.expires_at
+               AND p_closed = s.closed
+            THEN
+                RETURN QUERY SELECT 'exists', s.id, s.content_type, s.next_seq, s.next_pos,
+                    s.closed;
+            ELSE
+                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
+                    s.closed;
+            END IF;
+            RETURN;
+        END IF;
+
+        v_fork_seq := NULL;
+        v_fork_pos := NULL;
+        v_seq := 0;
+        v_pos := 0;
+        v_partial := NULL;
+        IF p_fork_from IS NOT NULL THEN
+            SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
+            IF FOUND AND src.deleted_at IS NULL AND ds_is_expired(src) THEN
+                PERFORM ds_expire(src);
+                SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
+            END IF;
+            IF NOT FOUND THEN
+                RETURN QUERY SELECT 'source_not_found', NULL::bigint, NULL::text,
+                    NULL::bigint, NULL::bigint, NULL::boolean;
+                RETURN;
+            ELSIF src.deleted_at IS NOT NULL THEN
+                RETURN QUERY SELECT 'source_gone', NULL::bigint, NULL::text, NULL::bigint,
+                    NULL::bigint, NULL::boolean;
+                RETURN;
+            END IF;
+            IF p_content_type IS NOT NULL
+               AND ds_media_type(p_content_type) <> ds_media_type(src.content_type) THEN
+                RETURN QUERY SELECT 'content_type_mismatch', NULL::bigint, src.content_type,
+                    NULL::bigint, NULL::bigint, NULL::boolean;
+                RETURN;
+            END IF;
+            v_type := coalesce(p_content_type, src.content_type);
+            -- The anchor: a position the source has minted (PROTOCOL.md 8, fork offsets).
+            IF p_fork_seq IS NULL THEN
+                v_fork_seq := src.next_seq;
+                v_fork_pos := src.next_pos;
+            ELSIF p_fork_seq > src.next_seq
+               OR (p_fork_seq = src.next_seq AND p_fork_pos <> src.next_pos) THEN
+                RETURN QUERY SELECT 'fork_offset_invalid', NULL::bigint, NULL::text,
+                    NULL::bigint, NULL::bigint, NULL::boolean;
+                RETURN;
+            ELSE
+                v_fork_seq := p_fork_seq;
+                v_fork_pos := p_fork_pos;
+                IF p_fork_seq < src.next_seq THEN
+                    m := ds_chain_message(src.id, p_fork_seq);
+                    IF m.pos IS DISTINCT FROM p_fork_pos THEN
+                        RETURN QUERY SELECT 'fork_offset_invalid', NULL::bigint, NULL::text,
+                            NULL::bigint, NULL::bigint, NULL::boolean;
+                        RETURN;
+                    END IF;
+                END IF;
+            END IF;
+            -- Sub-offset: messages past the anchor for JSON, bytes for everything else; it may
+            -- not pass the end of the message that starts at the anchor (PROTOCOL.md 4.2).
+            IF p_fork_sub > 0 THEN
+                IF v_fork_seq >= src.next_seq THEN
+                    RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
+                        NULL::bigint, NULL::bigint, NULL::boolean;
+                    RETURN;
+                END IF;
+                IF ds_media_type(src.content_type) = 'application/json' THEN
+                    IF v_fork_seq + p_fork_sub > src.next_seq THEN
+                        RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
+                            NULL::bigint, NULL::bigint, NULL::boolean;
+                        RETURN;
+                    END IF;
+                    v_fork_seq := v_fork_seq + p_fork_sub;
+                    IF v_fork_seq = src.next_seq THEN
+                        v_fork_pos := src.next_pos;
+                    ELSE
+                        v_fork_pos := (ds_chain_message(src.id, v_fork_seq)).pos;
+                    END IF;
+                ELSE
+                    m := ds_chain_message(src.id, v_fork_seq);
+                    IF p_fork_sub > octet_length(m.data) THEN
+                        RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
+                            NULL::bigint, NULL::bigint, NULL::boolean;
+                        RETURN;
+                    ELSIF p_fork_sub = octet_length(m.data) THEN
+                        v_fork_seq := v_fork_seq + 1;
+                        v_fork_pos := v_fork_pos + p_fork_sub;
+                    ELSE
+                        -- The fork inherits part of a message: it keeps its own copy of those
+                        -- bytes as its first message, at the anchor's position.
+                        v_partial := substring(m.data FROM 1 FOR p_fork_sub::int);
+                    END IF;
+                END IF;
+            END IF;
+            v_seq := v_fork_seq;
+            v_pos := v_fork_pos;
+            -- TTL and expiry of a fork (PROTOCOL.md 4.2 table): its own when given, else the
+            -- source's.
+            IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
+                v_ttl := src.ttl_seconds;
+                v_expires := src.expires_at;
+            END IF;
+        END IF;
+
+        IF v_partial IS NOT NULL THEN
+            p_data := ARRAY[v_partial] || coalesce(p_data, '{}');
+        END IF;
+        SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes FROM unnest(p_data) AS d;
+        IF v_pos + v_bytes > p_max_stream_bytes THEN
+            RETURN QUERY SELECT 'too_large', NULL::bigint, NULL::text, NULL::bigint,
+                NULL::bigint, NULL::boolean;
+            RETURN;
+        END IF;
+
+        INSERT INTO ds_stream AS t (
+            path, content_type, created_at, accessed_at, ttl_seconds, expires_at, next_seq,
+            next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_refcount
+        ) VALUES (
+            p_path, v_type, now(), now(), v_ttl, v_expires, v_seq, v_pos, p_closed,
+            CASE WHEN p_fork_from IS NOT NULL THEN src.id END, v_fork_seq, v_fork_pos, 0
+        )
+        ON CONFLICT (path) DO NOTHING
+        RETURNING t.id INTO v_id;
+        IF v_id IS NULL THEN
+            -- A concurrent create won the race: answer as if it had come first.
+            CONTINUE attempt;
+        END IF;
+        EXIT attempt;
+    END LOOP;
+
+    IF p_fork_from IS NOT NULL THEN
+        UPDATE ds_stream AS t SET fork_refcount = t.fork_refcount + 1 WHERE t.id = src.id;
+    END IF;
+    IF coalesce(array_length(p_data, 1), 0) > 0 THEN
+        INSERT INTO ds_message (stream_id, seq, pos, data)
+        SELECT v_id, v_seq + u.ord - 1,
+               v_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d
+          FROM unnest(p_data) WITH ORDINALITY AS u(d, ord)
+        WINDOW w AS (ORDER BY u.ord);
+        UPDATE ds_stream AS t
+           SET next_seq = v_seq + array_length(p_data, 1), next_pos = v_pos + v_bytes
+         WHERE t.id = v_id;
+        v_seq := v_seq + array_length(p_data, 1);
+        v_pos := v_pos + v_bytes;
+    END IF;
+    RETURN QUERY SELECT 'created', v_id, v_type, v_seq, v_pos, p_closed;
+END;
+$$;
+
+-- Append a batch of requests to one stream in one transaction (group commit: requests that
+-- arrive while the stream's previous batch is being written share the next one, and its fsync).
+-- Each request is judged on its own, in order, exactly as if it had come alone, so one refused
+-- request never affects another. Producer checks run in the canonical order (STYLE.md):
+-- epoch (403) -> duplicate (204) -> closed (409) -> gap (409).
+--
+-- Per request i: p_media_types[i] is the body's media type (NULL when the body is empty),
+-- p_counts[i] its number of messages, p_sizes[i] its bytes; the messages of all requests are
+-- p_data in order, and p_owner[j] is the request that message j belongs to.
+-- Outcomes: appended | duplicate | stale_epoch | epoch_seq_not_zero | sequence_gap |
+--           stream_closed | already_closed | content_type_mismatch | stream_seq_regression |
+--           too_large | not_found | gone
+CREATE OR REPLACE FUNCTION ds_append(
+    p_path text,
+    p_media_types text[],
+    p_close boolean[],
+    p_producer_ids text[],
+    p_epochs bigint[],
+    p_producer_seqs bigint[],
+    p_stream_seqs text[],
+    p_counts int[],
+    p_sizes bigint[],
+    p_data bytea[],
+    p_owner int[],
+    p_max_stream_bytes bigint
+)
+RETURNS TABLE (
+    outcome text, next_seq bigint, next_pos bigint, closed boolean,
+    producer_epoch bigint, producer_seq bigint, expected_seq bigint, stream_id bigint
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    n int := coalesce(array_length(p_counts, 1), 0);
+    i int;
+    v_accept boolean[] := array_fill(false, ARRAY[n]);
+    v_any boolean := false;
+    v_seq bigint;
+    v_pos bigint;
+    v_closed boolean;
+    v_closed_by text;
+    v_closed_epoch bigint;
+    v_closed_seq bigint;
+    v_stream_seq text;
+    v_known boolean;
+    v_epoch bigint;
+    v_last bigint;
+BEGIN
+    SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
+    IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
+        PERFORM ds_expire(s);
+        FOR i IN 1..n LOOP
+            RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::bigint, NULL::boolean,
+                NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint;
+        END LOOP;
+        RETURN;
+    ELSIF NOT FOUND OR s.deleted_at IS NOT NULL THEN
+        FOR i IN 1..n LOOP
+            RETURN QUERY SELECT CASE WHEN s.id IS NULL THEN 'not_found' ELSE 'gone' END,
+                NULL::bigint, NULL::bigint, NULL::boolean, NULL::bigint, NULL::bigint,
+                NULL::bigint, NULL::bigint;
+        END LOOP;
+        RETURN;
+    END IF;
+
+    v_seq := s.next_seq;
+    v_pos := s.next_pos;
+    v_closed := s.closed;
+    v_closed_by := s.closed_by_producer;
+    v_closed_epoch := s.closed_by_epoch;
+    v_closed_seq := s.closed_by_seq;
+    v_stream_seq := s.last_stream_seq;
+
+    FOR i IN 1..n LOOP
+        outcome := NULL;
+        producer_epoch := NULL;
+        producer_seq := NULL;
+        expected_seq := NULL;
+        v_known := false;
+        IF p_producer_ids[i] IS NOT NULL THEN
+            SELECT p.epoch, p.last_seq INTO v_epoch, v_last
+              FROM ds_producer AS p
+             WHERE p.stream_id = s.id AND p.producer_id = p_producer_ids[i];
+            v_known := FOUND;
+            IF v_known AND p_epochs[i] < v_epoch THEN
+                outcome := 'stale_epoch';
+                producer_epoch := v_epoch;
+            ELSIF v_known AND p_epochs[i] = v_epoch AND p_producer_seqs[i] <= v_last THEN
+                outcome := 'duplicate';
+                producer_epoch := v_epoch;
+                producer_seq := v_last;
+            END IF;
+        END IF;
+
+        IF outcome IS NULL AND v_closed THEN
+            IF p_counts[i] = 0 AND p_close[i] THEN
+                outcome := 'already_closed';
+            ELSIF p_producer_ids[i] IS NOT NULL
+              AND (p_producer_ids[i], p_epochs[i], p_producer_seqs[i])
+                  = (v_closed_by, v_closed_epoch, v_closed_seq) THEN
+                outcome := 'duplicate';
+                producer_epoch := p_epochs[i];
+                producer_seq := p_producer_seqs[i];
+            ELSE
+                outcome := 'stream_closed';
+            END IF;
+        END IF;
+
+        IF outcome IS NULL AND p_counts[i] > 0
+           AND p_media_types[i] IS DISTINCT FROM ds_media_type(s.content_type) THEN
+            outcome := 'content_type_mismatch';
+        END IF;
+
+        IF outcome IS NULL AND p_producer_ids[i] IS NOT NULL THEN
+            IF v_known AND p_epochs[i] > v_epoch AND p_producer_seqs[i] <> 0 THEN
+                outcome := 'epoch_seq_not_zero';
+            ELSIF NOT v_known AND p_producer_seqs[i] <> 0 THEN
+                outcome := 'sequence_gap';
+                expected_seq := 0;
+            ELSIF v_known AND p_epochs[i] = v_epoch AND p_producer_seqs[i] > v_last + 1 THEN
+                outcome := 'sequence_gap';
+                expected_seq := v_last + 1;
+            END IF;
+        END IF;
+
+        IF outcome IS NULL AND p_stream_seqs[i] IS NOT NULL AND v_stream_seq IS NOT NULL
+           AND p_stream_seqs[i] COLLATE "C" <= v_stream_seq COLLATE "C" THEN
+            outcome := 'stream_seq_regression';
+        END IF;
+
+        IF outcome IS NULL AND v_pos + p_sizes[i] > p_max_stream_bytes THEN
+            outcome := 'too_large';
+        END IF;
+
+        IF outcome IS NULL THEN
+            outcome := 'appended';
+            v_accept[i] := true;
+            v_any := true;
+            v_seq := v_seq + p_counts[i];
+            v_pos := v_pos + p_sizes[i];
+            IF p_stream_seqs[i] IS NOT NULL THEN
+                v_stream_seq := p_stream_seqs[i];
+            END IF;
+            IF p_producer_ids[i] IS NOT NULL THEN
+                INSERT INTO ds_producer AS p (stream_id, producer_id, epoch, last_seq, updated_at)
+                VALUES (s.id, p_producer_ids[i], p_epochs[i], p_producer_seqs[i], now())
+                ON CONFLICT (stream_id, producer_id) DO UPDATE
+                   SET epoch = excluded.epoch, last_seq = excluded.last_seq,
+                       updated_at = excluded.updated_at;
+                producer_epoch := p_epochs[i];
+                producer_seq := p_producer_seqs[i];
+            END IF;
+            IF p_close[i] THEN
+                v_closed := true;
+                v_closed_by := p_producer_ids[i];
+                v_closed_epoch := p_epochs[i];
+                v_closed_seq := p_producer_seqs[i];
+            END IF;
+        END IF;
+
+        next_seq := v_seq;
+        next_pos := v_pos;
+        closed := v_closed;
+        stream_id := s.id;
+        RETURN NEXT;
+    END LOOP;
+
+    IF v_any THEN
+        INSERT INTO ds_message (stream_id, seq, pos, data)
+        SELECT s.id, s.next_seq + row_number() OVER w - 1,
+               s.next_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d
+          FROM unnest(p_data, p_owner) WITH ORDINALITY AS u(d, owner, ord)
+         WHERE v_accept[u.owner]
+        WINDOW w AS (ORDER BY u.ord);
+        UPDATE ds_stream AS t
+           SET next_seq = v_seq, next_pos = v_pos, closed = v_closed,
+               closed_by_producer = v_closed_by, closed_by_epoch = v_closed_epoch,
+               closed_by_seq = v_closed_seq, last_stream_seq = v_stream_seq,
+               accessed_at = now()
+         WHERE t.id = s.id;
+        PERFORM pg_notify('ds_streams',
+            s.id || ':' || v_seq || ':' || CASE WHEN v_closed THEN 'c' ELSE 'o' END);
+    ELSIF s.ttl_seconds IS NOT NULL THEN
+        UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
+    END IF;
+END;
+$$;

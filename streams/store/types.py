@@ -1,0 +1,107 @@
+"""Values passed between the HTTP layer and the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from streams.protocol.headers import ProducerTuple, is_json, media_type
+from streams.protocol.offsets import Offset
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Rows of ``stream_id`` with ``lo <= seq < hi`` (``hi`` None: up to the tail)."""
+
+    stream_id: int
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    """A stream as one statement saw it: everything a handler needs to answer."""
+
+    id: int
+    content_type: str
+    tail: Offset
+    closed: bool
+    ttl_seconds: int | None
+    expires_at: datetime | None
+    created_at: datetime
+    # Segments from the stream itself down its fork chain (one segment when not a fork).
+    segments: tuple[Segment, ...]
+
+    @property
+    def media_type(self) -> str:
+        return media_type(self.content_type)
+
+    @property
+    def is_json(self) -> bool:
+        return is_json(self.media_type)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    messages: list[bytes]
+    start: Offset
+    next_offset: Offset
+    # True when the read reached the tail the stream had when it was read.
+    up_to_date: bool
+    closed_at_tail: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ForkSpec:
+    source_path: str
+    # None: the source's tail.
+    offset: Offset | None
+    sub_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    path: str
+    content_type: str | None
+    ttl_seconds: int | None
+    expires_at: datetime | None
+    closed: bool
+    messages: list[bytes]
+    fork: ForkSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    created: bool
+    stream_id: int
+    content_type: str
+    tail: Offset
+    closed: bool
+
+
+@dataclass(slots=True)
+class AppendRequest:
+    path: str
+    # Media type of the body; None when the body is empty (close-only).
+    media_type: str | None
+    messages: list[bytes]
+    close: bool = False
+    producer: ProducerTuple | None = None
+    stream_seq: str | None = None
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = sum(len(m) for m in self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The outcome of one append. Refusals are raised as ProtocolErrors by the store, so a
+    result is always a success: new data, a close, or an idempotent duplicate."""
+
+    stream_id: int
+    next_offset: Offset
+    closed: bool
+    duplicate: bool
+    producer_epoch: int | None
+    producer_seq: int | None

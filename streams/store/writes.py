@@ -1,0 +1,176 @@
+"""Writes: create, append, delete. Each is one call of a SQL function (``sql/functions.sql``)
+in one round trip, so the stream's row lock is never held across the network.
+
+Invariants (PROTOCOL.md 5.2, 5.2.1, 8): offsets of a stream strictly increase; an append is
+stored entirely or not at all; a duplicate of an accepted producer request stores nothing and
+succeeds; data, tail, producer ledger and closure commit together.
+"""
+
+from __future__ import annotations
+
+from streams.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+)
+from streams.protocol.offsets import Offset
+from streams.store.pool import get_pool
+from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
+
+_CREATE_SQL = (
+    "SELECT outcome, id, content_type, next_seq, next_pos, closed"
+    " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s)"
+)
+_APPEND_SQL = (
+    "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
+    " stream_id FROM ds_append(%s, %s::text[], %s::boolean[], %s::text[], %s::bigint[],"
+    " %s::bigint[], %s::text[], %s::int[], %s::bigint[], %b::bytea[], %s::int[], %s)"
+)
+
+
+async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> CreateResult:
+    fork = request.fork
+    params = (
+        request.path,
+        request.content_type,
+        request.ttl_seconds,
+        request.expires_at,
+        request.closed,
+        request.messages,
+        max_stream_bytes,
+        fork.source_path if fork else None,
+        fork.offset.seq if fork and fork.offset else None,
+        fork.offset.pos if fork and fork.offset else None,
+        fork.sub_offset if fork else 0,
+    )
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(_CREATE_SQL, params)
+        row = await cur.fetchone()
+    assert row is not None
+    outcome, stream_id, content_type, next_seq, next_pos, closed = row
+    if outcome in ("created", "exists"):
+        return CreateResult(
+            created=outcome == "created",
+            stream_id=stream_id,
+            content_type=content_type,
+            tail=Offset(next_seq, next_pos),
+            closed=closed,
+        )
+    raise _create_error(outcome)
+
+
+def _create_error(outcome: str) -> ProtocolError:
+    match outcome:
+        case "conflict":
+            return Conflict("a stream already exists at this path with a different configuration")
+        case "source_not_found":
+            return NotFound("fork source stream not found")
+        case "source_gone":
+            return Conflict("fork source stream was deleted")
+        case "content_type_mismatch":
+            return Conflict("Content-Type differs from the fork source's content type")
+        case "fork_offset_invalid":
+            return BadRequest("Stream-Fork-Offset is not a position of the source stream")
+        case "sub_offset_invalid":
+            return BadRequest("Stream-Fork-Sub-Offset is past the next message boundary")
+        case "too_large":
+            return PayloadTooLarge("initial content exceeds the stream size limit")
+    raise AssertionError(f"unexpected create outcome {outcome!r}")
+
+
+async def delete_stream(path: str) -> None:
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT ds_delete(%s)", (path,))
+        row = await cur.fetchone()
+    assert row is not None
+    match row[0]:
+        case "not_found":
+            raise NotFound("stream not found")
+        case "gone":
+            raise Gone("stream was deleted")
+
+
+async def append_batch(
+    path: str, requests: list[AppendRequest], *, max_stream_bytes: int
+) -> list[AppendResult | ProtocolError]:
+    """Append several requests to one stream in one transaction; one result per request, in
+    order, each either a success or the error that request must answer."""
+    data: list[bytes] = []
+    owner: list[int] = []
+    for index, request in enumerate(requests, start=1):
+        data.extend(request.messages)
+        owner.extend([index] * len(request.messages))
+    params = (
+        path,
+        [r.media_type for r in requests],
+        [r.close for r in requests],
+        [r.producer.producer_id if r.producer else None for r in requests],
+        [r.producer.epoch if r.producer else None for r in requests],
+        [r.producer.seq if r.producer else None for r in requests],
+        [r.stream_seq for r in requests],
+        [len(r.messages) for r in requests],
+        [r.size for r in requests],
+        data,
+        owner,
+        max_stream_bytes,
+    )
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(_APPEND_SQL, params)
+        rows = await cur.fetchall()
+    return [_append_result(request, row) for request, row in zip(requests, rows, strict=True)]
+
+
+def _append_result(request: AppendRequest, row: tuple) -> AppendResult | ProtocolError:
+    outcome, next_seq, next_pos, closed, epoch, producer_seq, expected_seq, stream_id = row
+    tail = Offset(next_seq, next_pos) if next_seq is not None else None
+    match outcome:
+        case "appended" | "duplicate" | "already_closed":
+            assert tail is not None
+            return AppendResult(
+                stream_id=stream_id,
+                next_offset=tail,
+                closed=closed,
+                duplicate=outcome == "duplicate",
+                producer_epoch=epoch,
+                producer_seq=producer_seq,
+            )
+        case "not_found":
+            return NotFound("stream not found")
+        case "gone":
+            return Gone("stream was deleted")
+        case "stale_epoch":
+            return Forbidden(
+                "producer epoch is stale (fenced by a newer epoch)",
+                headers={"Producer-Epoch": str(epoch)},
+            )
+        case "epoch_seq_not_zero":
+            return BadRequest("a new producer epoch must start at Producer-Seq 0")
+        case "sequence_gap":
+            assert request.producer is not None
+            return Conflict(
+                "producer sequence gap",
+                headers={
+                    "Producer-Expected-Seq": str(expected_seq),
+                    "Producer-Received-Seq": str(request.producer.seq),
+                },
+            )
+        case "stream_closed":
+            assert tail is not None
+            return Conflict(
+                "stream is closed",
+                headers={"Stream-Closed": "true", "Stream-Next-Offset": str(tail)},
+            )
+        case "content_type_mismatch":
+            return Conflict("Content-Type does not match the stream's content type")
+        case "stream_seq_regression":
+            return Conflict("Stream-Seq must be greater than the last one appended")
+        case "too_large":
+            return PayloadTooLarge("append would exceed the stream size limit")
+    raise AssertionError(f"unexpected append outcome {outcome!r}")
