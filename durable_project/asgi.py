@@ -15,10 +15,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import re_path  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter
+from django.urls import re_path
 
-from streams.http.app import stream_app  # noqa: E402
+from streams.http.app import stream_app
 
 application = ProtocolTypeRouter(
     {

@@ -148,11 +148,15 @@ def _start(port: int) -> None:
     if _is_running(port):
         return
     if not _port_is_free(port):
-        raise LocalDatabaseError(f"port {port} (from {PORT_FILE}) is taken by another program")
+        raise LocalDatabaseError(
+            f"port {port} (from {PORT_FILE}) is taken by another program"
+        )
     if os.geteuid() == 0:
         LOG_FILE.touch()
         shutil.chown(LOG_FILE, user="postgres", group="postgres")
-    options = " ".join(f"-c {k}={v!r}" if v == "" else f"-c {k}={v}" for k, v in SERVER_OPTIONS.items())
+    options = " ".join(
+        f"-c {k}={v!r}" if v == "" else f"-c {k}={v}" for k, v in SERVER_OPTIONS.items()
+    )
     _run(
         [
             str(_bindir() / "pg_ctl"),
@@ -171,7 +175,9 @@ def _start(port: int) -> None:
     deadline = time.monotonic() + 30
     while not _is_running(port):
         if time.monotonic() > deadline:
-            raise LocalDatabaseError(f"PostgreSQL did not accept connections; see {LOG_FILE}")
+            raise LocalDatabaseError(
+                f"PostgreSQL did not accept connections; see {LOG_FILE}"
+            )
         time.sleep(0.1)
 
 
@@ -181,7 +187,9 @@ def _ensure_database(port: int, name: str) -> None:
     with psycopg.connect(
         host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
     ) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+        ).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
 
@@ -203,7 +211,16 @@ def ensure_running() -> str:
 def stop() -> None:
     with _locked():
         if (CLUSTER_DIR / "postmaster.pid").exists():
-            _run([str(_bindir() / "pg_ctl"), "-D", str(CLUSTER_DIR), "-m", "fast", "stop"])
+            _run(
+                [
+                    str(_bindir() / "pg_ctl"),
+                    "-D",
+                    str(CLUSTER_DIR),
+                    "-m",
+                    "fast",
+                    "stop",
+                ]
+            )
 
 
 def main(argv: list[str]) -> int:

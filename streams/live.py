@@ -27,7 +27,7 @@ CHANNEL = "ds_streams"
 class Subscription:
     """Interest in one stream's changes. ``arm()`` before each read, ``wait()`` after it."""
 
-    __slots__ = ("stream_id", "_event")
+    __slots__ = ("_event", "stream_id")
 
     def __init__(self, stream_id: int) -> None:
         self.stream_id = stream_id
@@ -126,7 +126,9 @@ class LiveHub:
         backoff = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo(), autocommit=True
+                )
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
@@ -139,7 +141,9 @@ class LiveHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 self._listening.clear()
-                logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                logger.warning(
+                    "LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

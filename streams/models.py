@@ -46,6 +46,9 @@ class Stream(models.Model):
     )
     fork_seq = models.BigIntegerField(null=True, blank=True)
     fork_pos = models.BigIntegerField(null=True, blank=True)
+    # Stream-Fork-Sub-Offset of the create: that much of the source past the anchor was copied
+    # into this stream as its first append (bytes, or messages for JSON).
+    fork_sub_offset = models.BigIntegerField(null=True, blank=True)
     # Number of forks whose source is this stream; a delete with forks is a soft delete.
     fork_refcount = models.IntegerField(default=0)
     deleted_at = models.DateTimeField(null=True, blank=True)
@@ -88,6 +91,8 @@ class Message(models.Model):
     # Byte position of the message's first byte; `pos + length(data)` is the next position.
     pos = models.BigIntegerField()
     data = models.BinaryField()
+    # True on the last message of an append: JSON fork sub-offsets may not cross it.
+    batch_end = models.BooleanField(default=True)
 
     class Meta:
         db_table = "ds_message"

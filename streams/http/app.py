@@ -15,7 +15,14 @@ import logging
 
 from streams.errors import MethodNotAllowed, ProtocolError
 from streams.http import handlers, live_reads
-from streams.http.request import ClientDisconnected, Receive, Request, Scope, Send, build_request
+from streams.http.request import (
+    ClientDisconnected,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    build_request,
+)
 from streams.http.responses import Response, error_response, preflight, send_response
 from streams.store import maintenance
 
@@ -31,7 +38,11 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
     method = scope["method"].upper()
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")
-        await send_response(send, preflight(origin, requested.decode("latin-1") if requested else None), origin)
+        await send_response(
+            send,
+            preflight(origin, requested.decode("latin-1") if requested else None),
+            origin,
+        )
         return
     maintenance.ensure_started()
     try:
@@ -89,7 +100,9 @@ def raise_bad_live(value: str) -> None:
     raise BadRequest(f"unknown live mode {value!r} (use long-poll or sse)")
 
 
-async def _run_watching_disconnect(request: Request, send: Send, origin: str | None) -> None:
+async def _run_watching_disconnect(
+    request: Request, send: Send, origin: str | None
+) -> None:
     """Run a GET while listening for ``http.disconnect``; cancel the GET when it comes."""
     handler = asyncio.ensure_future(_get(request, send, origin))
 

@@ -15,7 +15,13 @@ from streams.protocol import headers as h
 from streams.protocol import json_mode
 from streams.protocol.offsets import Offset, parse, parse_read_offset
 from streams.store import group_commit, reads, writes
-from streams.store.types import AppendRequest, CreateRequest, ForkSpec, ReadResult, StreamMeta
+from streams.store.types import (
+    AppendRequest,
+    CreateRequest,
+    ForkSpec,
+    ReadResult,
+    StreamMeta,
+)
 
 STREAM_ROUTE = "/v1/stream/"
 NO_STORE = "no-store"
@@ -38,11 +44,12 @@ def _fork_spec(request: Request) -> ForkSpec | None:
     sub_offset = request.header("stream-fork-sub-offset")
     if source is None:
         if offset is not None or sub_offset is not None:
-            raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+            raise BadRequest(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From"
+            )
         return None
     source = source.strip()
-    if source.startswith(STREAM_ROUTE):
-        source = source[len(STREAM_ROUTE) :]
+    source = source.removeprefix(STREAM_ROUTE)
     from streams.http.request import stream_path
 
     sub = 0
@@ -65,7 +72,9 @@ async def create(request: Request) -> Response:
     if ttl_header is not None and expires_header is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
     ttl = h.parse_ttl(ttl_header) if ttl_header is not None else None
-    expires_at = h.parse_expires_at(expires_header) if expires_header is not None else None
+    expires_at = (
+        h.parse_expires_at(expires_header) if expires_header is not None else None
+    )
     content_type = request.header("content-type")
     if content_type is not None:
         content_type = content_type.strip()
@@ -121,11 +130,15 @@ async def append(request: Request) -> Response:
         if not content_type:
             raise BadRequest("Content-Type is required with a body")
         body_media: str | None = h.media_type(content_type)
-        messages = json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
+        messages = (
+            json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
+        )
     elif close:
         body_media, messages = None, []
     else:
-        raise BadRequest("empty body (only a close with Stream-Closed: true may be empty)")
+        raise BadRequest(
+            "empty body (only a close with Stream-Closed: true may be empty)"
+        )
 
     result = await group_commit.append(
         AppendRequest(
@@ -143,7 +156,8 @@ async def append(request: Request) -> Response:
     if producer is not None:
         headers["Producer-Epoch"] = str(result.producer_epoch)
         headers["Producer-Seq"] = str(result.producer_seq)
-        return Response(204 if result.duplicate else 200, headers)
+        # New data from a producer is 200; a duplicate or a close-only is 204 (5.2.1, 5.3).
+        return Response(204 if result.duplicate or not messages else 200, headers)
     return Response(204, headers)
 
 
@@ -178,7 +192,9 @@ async def read(request: Request) -> Response:
     response = data_response(meta, result)
     if_none_match = request.header("if-none-match")
     if if_none_match is not None and response.headers["ETag"] in _etags(if_none_match):
-        return Response(304, {k: v for k, v in response.headers.items() if k != "Content-Type"})
+        return Response(
+            304, {k: v for k, v in response.headers.items() if k != "Content-Type"}
+        )
     return response
 
 
@@ -190,7 +206,9 @@ def body_of(meta: StreamMeta, messages: list[bytes]) -> bytes:
     return json_mode.render(messages) if meta.is_json else b"".join(messages)
 
 
-def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = None) -> Response:
+def data_response(
+    meta: StreamMeta, result: ReadResult, *, cursor: str | None = None
+) -> Response:
     etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
     headers = {
         "Content-Type": meta.content_type,
@@ -208,7 +226,9 @@ def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = 
     return Response(200, headers, body_of(meta, result.messages))
 
 
-def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
+def tail_response(
+    meta: StreamMeta, status: int, *, cursor: str | None = None
+) -> Response:
     """An answer at the tail with no data: ``offset=now`` (200) or a long-poll timeout (204)."""
     headers = {
         "Content-Type": meta.content_type,

@@ -30,7 +30,9 @@ SSE_KEEPALIVE_SECS = 15.0
 
 def _live_start(request: Request) -> ReadStart:
     if "offset" not in request.query:
-        raise BadRequest("live reads need an offset (-1 for the beginning, now for the tail)")
+        raise BadRequest(
+            "live reads need an offset (-1 for the beginning, now for the tail)"
+        )
     return parse_read_offset(request.query["offset"])
 
 
@@ -47,7 +49,9 @@ async def long_poll(request: Request) -> Response:
             subscription.arm()
             meta = await reads.stream_meta(request.path, touch=False)
             if offset != meta.tail:
-                result = await reads.read_range(meta, offset, settings.DS_MAX_READ_BYTES)
+                result = await reads.read_range(
+                    meta, offset, settings.DS_MAX_READ_BYTES
+                )
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
                 return tail_response(meta, 204)
@@ -86,7 +90,16 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
     end_at = time.monotonic() + interval if interval > 0 else float("inf")
     try:
         async with hub.subscribe(meta.id) as subscription:
-            await _sse_loop(request, meta, offset, subscription, emit, base64_data, client_cursor, end_at)
+            await _sse_loop(
+                request,
+                meta,
+                offset,
+                subscription,
+                emit,
+                base64_data,
+                client_cursor,
+                end_at,
+            )
     except ProtocolError:
         pass  # deleted or expired while we followed it: end the event stream
     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -96,7 +109,7 @@ async def _sse_loop(
     request: Request,
     meta: StreamMeta,
     offset: Offset,
-    subscription: "object",
+    subscription: object,
     emit,  # type: ignore[no-untyped-def]
     base64_data: bool,
     client_cursor: str | None,
@@ -111,7 +124,9 @@ async def _sse_loop(
             offset = result.next_offset
             cursor = cursors.next_cursor(client_cursor)
             payload = (
-                b"[" + b",".join(result.messages) + b"]" if meta.is_json else b"".join(result.messages)
+                b"[" + b",".join(result.messages) + b"]"
+                if meta.is_json
+                else b"".join(result.messages)
             )
             await emit(
                 sse.data_event(payload, base64_encoded=base64_data)
@@ -147,4 +162,4 @@ async def _sse_loop(
             await emit(sse.COMMENT_KEEPALIVE)
 
 
-__all__ = ["long_poll", "server_sent_events", "asyncio"]
+__all__ = ["asyncio", "long_poll", "server_sent_events"]

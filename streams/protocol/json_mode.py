@@ -25,7 +25,9 @@ def _encode(value: Any) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         # A lone surrogate escape ("\ud800") is valid JSON but not UTF-8: keep it escaped.
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode(
+            "ascii"
+        )
 
 
 def parse_body(body: bytes) -> Any:
@@ -34,8 +36,7 @@ def parse_body(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("JSON body is not valid UTF-8") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     try:
         value, end = _decoder.raw_decode(text, _skip_whitespace(text, 0))
     except (ValueError, RecursionError) as exc:

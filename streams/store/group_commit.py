@@ -58,11 +58,15 @@ async def append(request: AppendRequest) -> AppendResult:
     return await asyncio.shield(future)
 
 
-def _take_batch(queue: _StreamQueue) -> list[tuple[AppendRequest, asyncio.Future[AppendResult]]]:
+def _take_batch(
+    queue: _StreamQueue,
+) -> list[tuple[AppendRequest, asyncio.Future[AppendResult]]]:
     size = 0
     count = 0
     for request, _ in queue.pending:
-        if count and (count >= MAX_BATCH_REQUESTS or size + request.size > MAX_BATCH_BYTES):
+        if count and (
+            count >= MAX_BATCH_REQUESTS or size + request.size > MAX_BATCH_BYTES
+        ):
             break
         size += request.size
         count += 1
@@ -79,7 +83,7 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                 results = await append_batch(
                     path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES
                 )
-            except Exception as exc:  # noqa: BLE001 - every waiter must hear about it
+            except Exception as exc:
                 logger.exception("append batch to %r failed", path)
                 for _, future in batch:
                     if not future.done():

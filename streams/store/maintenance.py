@@ -25,7 +25,9 @@ def ensure_started() -> None:
     global _task
     if _task is None or _task.done():
         if settings.DS_EXPIRY_SWEEP_INTERVAL_SECS > 0:
-            _task = asyncio.get_running_loop().create_task(_sweep_forever(), name="ds-expiry-sweep")
+            _task = asyncio.get_running_loop().create_task(
+                _sweep_forever(), name="ds-expiry-sweep"
+            )
 
 
 async def sweep_once() -> int:
@@ -48,5 +50,5 @@ async def _sweep_forever() -> None:
             swept = await sweep_once()
             if swept:
                 logger.info("swept %d expired streams", swept)
-        except Exception:  # noqa: BLE001 - keep sweeping after a transient failure
+        except Exception:
             logger.exception("expiry sweep failed")

@@ -23,7 +23,12 @@ def conninfo(alias: str = "default") -> str:
     """libpq connection string for a Django database alias."""
     db = settings.DATABASES[alias]
     params: dict[str, str | int] = {"dbname": db["NAME"]}
-    for key, name in (("USER", "user"), ("PASSWORD", "password"), ("HOST", "host"), ("PORT", "port")):
+    for key, name in (
+        ("USER", "user"),
+        ("PASSWORD", "password"),
+        ("HOST", "host"),
+        ("PORT", "port"),
+    ):
         if db.get(key):
             params[name] = db[key]
     for key, value in (db.get("OPTIONS") or {}).items():
@@ -51,7 +56,9 @@ async def get_pool() -> AsyncConnectionPool:
             )
             await pool.open(wait=True, timeout=30)
             _pool = pool
-            logger.info("database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE)
+            logger.info(
+                "database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE
+            )
     return _pool
 
 

@@ -31,7 +31,17 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         row = await cur.fetchone()
     if row is None:
         raise NotFound("stream not found")
-    (sid, content_type, next_seq, next_pos, closed, ttl, expires_at, deleted, created_at) = row[:9]
+    (
+        sid,
+        content_type,
+        next_seq,
+        next_pos,
+        closed,
+        ttl,
+        expires_at,
+        deleted,
+        created_at,
+    ) = row[:9]
     if deleted:
         raise Gone("stream was deleted")
     ids, los, his = row[9], row[10], row[11]
@@ -43,7 +53,9 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         ttl_seconds=ttl,
         expires_at=expires_at,
         created_at=created_at,
-        segments=tuple(Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)),
+        segments=tuple(
+            Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)
+        ),
     )
 
 

@@ -158,27 +158,101 @@ BEGIN
 END;
 $$;
 
--- The message at p_seq as seen by stream p_stream_id, following the fork chain downwards.
-CREATE OR REPLACE FUNCTION ds_chain_message(p_stream_id bigint, p_seq bigint)
-RETURNS ds_message
+-- The stream of a fork chain whose own rows hold position p_seq, starting from p_stream_id.
+CREATE OR REPLACE FUNCTION ds_chain_owner(p_stream_id bigint, p_seq bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_cur ds_stream;
-    m ds_message;
 BEGIN
     SELECT * INTO v_cur FROM ds_stream WHERE id = p_stream_id;
-    WHILE FOUND AND v_cur.fork_source_id IS NOT NULL AND p_seq < v_cur.fork_seq LOOP
+    WHILE v_cur.fork_source_id IS NOT NULL AND p_seq < v_cur.fork_seq LOOP
         SELECT * INTO v_cur FROM ds_stream WHERE id = v_cur.fork_source_id;
     END LOOP;
-    SELECT * INTO m FROM ds_message WHERE stream_id = v_cur.id AND seq = p_seq;
-    RETURN m;
+    RETURN v_cur.id;
 END;
+$$;
+
+-- Is (p_seq, p_pos) a position of stream src: its tail, or the start of one of its messages?
+CREATE OR REPLACE FUNCTION ds_is_position(src ds_stream, p_seq bigint, p_pos bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_seq > src.next_seq THEN false
+        WHEN p_seq = src.next_seq THEN p_pos = src.next_pos
+        ELSE EXISTS (SELECT 1 FROM ds_message
+                      WHERE stream_id = ds_chain_owner(src.id, p_seq)
+                        AND seq = p_seq AND pos = p_pos)
+    END
+$$;
+
+-- What a fork copies past its anchor (PROTOCOL.md 4.2, Stream-Fork-Sub-Offset): the first
+-- p_sub bytes of the message at the anchor, or for JSON the first p_sub messages of the append
+-- that starts there. NULL when p_sub passes the end of that append ("past the next data
+-- boundary"). The copy becomes the fork's own first append, so reads need no partial rows.
+CREATE OR REPLACE FUNCTION ds_fork_prefix(src ds_stream, p_anchor bigint, p_sub bigint)
+RETURNS bytea[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_owner bigint;
+    v_rows bytea[];
+    v_ends boolean[];
+    v_data bytea;
+BEGIN
+    IF p_sub = 0 THEN
+        RETURN '{}';
+    ELSIF p_anchor >= src.next_seq THEN
+        RETURN NULL;
+    END IF;
+    v_owner := ds_chain_owner(src.id, p_anchor);
+    IF ds_media_type(src.content_type) = 'application/json' THEN
+        SELECT array_agg(t.data ORDER BY t.seq), array_agg(t.batch_end ORDER BY t.seq)
+          INTO v_rows, v_ends
+          FROM (SELECT m.seq, m.data, m.batch_end FROM ds_message AS m
+                 WHERE m.stream_id = v_owner AND m.seq >= p_anchor
+                 ORDER BY m.seq LIMIT p_sub) AS t;
+        IF coalesce(array_length(v_rows, 1), 0) < p_sub OR true = ANY (v_ends[1:p_sub - 1]) THEN
+            RETURN NULL;
+        END IF;
+        RETURN v_rows;
+    END IF;
+    SELECT m.data INTO v_data FROM ds_message AS m
+     WHERE m.stream_id = v_owner AND m.seq = p_anchor;
+    IF v_data IS NULL OR p_sub > octet_length(v_data) THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY[substring(v_data FROM 1 FOR p_sub::int)];
+END;
+$$;
+
+-- Insert the messages of one or more appends at (p_seq, p_pos); p_batch_end marks the last
+-- message of each append. Returns the bytes written.
+CREATE OR REPLACE FUNCTION ds_insert_messages(
+    p_stream_id bigint, p_seq bigint, p_pos bigint, p_data bytea[], p_batch_end boolean[]
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_bytes bigint;
+BEGIN
+    INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+    SELECT p_stream_id, p_seq + u.ord - 1,
+           p_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d, u.e
+      FROM unnest(p_data, p_batch_end) WITH ORDINALITY AS u(d, e, ord)
+    WINDOW w AS (ORDER BY u.ord);
+    SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes FROM unnest(p_data) AS d;
+    RETURN v_bytes;
+END;
+$$;
+
+-- An array of n values, all false but the last (the batch_end flags of one append).
+CREATE OR REPLACE FUNCTION ds_one_batch(n int) RETURNS boolean[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(i = n ORDER BY i), '{}') FROM generate_series(1, n) AS i
 $$;
 
 -- Create a stream, or a fork of one (PROTOCOL.md 4.2, 5.1). Idempotent: an existing stream with
 -- the same configuration answers `exists`, a different one `conflict`. p_content_type NULL
--- means "not given": the default, or the source's type for a fork. p_fork_seq NULL means the
--- source's tail.
+-- means "not given": the source's type for a fork (the caller supplies the default otherwise).
+-- p_fork_seq NULL means the source's tail.
 -- Outcomes: created | exists | conflict | source_not_found | source_gone |
 --           content_type_mismatch | fork_offset_invalid | sub_offset_invalid | too_large
 CREATE OR REPLACE FUNCTION ds_create(
@@ -202,17 +276,16 @@ LANGUAGE plpgsql AS $$
 DECLARE
     s ds_stream;
     src ds_stream;
-    m ds_message;
-    v_type text := coalesce(p_content_type, 'application/octet-stream');
+    v_type text := p_content_type;
     v_ttl bigint := p_ttl_seconds;
     v_expires timestamptz := p_expires_at;
-    v_fork_seq bigint;
-    v_fork_pos bigint;
-    v_seq bigint := 0;
-    v_pos bigint := 0;
-    v_partial bytea;
+    v_anchor_seq bigint := 0;
+    v_anchor_pos bigint := 0;
+    v_prefix bytea[] := '{}';
     v_bytes bigint;
     v_id bigint;
+    v_seq bigint;
+    v_pos bigint;
 BEGIN
     <<attempt>>
     LOOP
@@ -222,133 +295,43 @@ BEGIN
             SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
         END IF;
         IF FOUND THEN
-            IF s.deleted_at IS NOT NULL THEN
-                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
-                    s.closed;
-                RETURN;
-            END IF;
-            -- Compare what the request would create with what exists.
-            IF p_fork_from IS NOT NULL THEN
-                SELECT * INTO src FROM ds_stream AS t WHERE t.id = s.fork_source_id;
-                IF NOT FOUND OR src.path IS DISTINCT FROM p_fork_from
-                   OR (p_fork_seq IS NOT NULL
-                       AND (p_fork_seq, p_fork_pos) IS DISTINCT FROM (s.fork_seq, s.fork_pos)
-                       AND p_fork_sub = 0)
-                THEN
-                    RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq,
-                        s.next_pos, s.closed;
-                    RETURN;
-                END IF;
-                v_type := coalesce(p_content_type, s.content_type);
-                IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
-                    v_ttl := s.ttl_seconds;
-                    v_expires := s.expires_at;
-                END IF;
-            ELSIF s.fork_source_id IS NOT NULL THEN
-                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
-                    s.closed;
-                RETURN;
-            END IF;
-            IF ds_media_type(v_type) = ds_media_type(s.content_type)
-               AND v_ttl IS NOT DISTINCT FROM s.ttl_seconds
-               AND v_expires IS NOT DISTINCT FROM s.expires_at
-               AND p_closed = s.closed
-            THEN
-                RETURN QUERY SELECT 'exists', s.id, s.content_type, s.next_seq, s.next_pos,
-                    s.closed;
-            ELSE
-                RETURN QUERY SELECT 'conflict', s.id, s.content_type, s.next_seq, s.next_pos,
-                    s.closed;
-            END IF;
+            outcome := CASE WHEN ds_create_matches(s, p_content_type, p_ttl_seconds,
+                                p_expires_at, p_closed, p_fork_from, p_fork_seq, p_fork_pos,
+                                p_fork_sub)
+                            THEN 'exists' ELSE 'conflict' END;
+            RETURN QUERY SELECT outcome, s.id, s.content_type, s.next_seq, s.next_pos, s.closed;
             RETURN;
         END IF;
 
-        v_fork_seq := NULL;
-        v_fork_pos := NULL;
-        v_seq := 0;
-        v_pos := 0;
-        v_partial := NULL;
         IF p_fork_from IS NOT NULL THEN
             SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
             IF FOUND AND src.deleted_at IS NULL AND ds_is_expired(src) THEN
                 PERFORM ds_expire(src);
                 SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
             END IF;
-            IF NOT FOUND THEN
-                RETURN QUERY SELECT 'source_not_found', NULL::bigint, NULL::text,
-                    NULL::bigint, NULL::bigint, NULL::boolean;
-                RETURN;
-            ELSIF src.deleted_at IS NOT NULL THEN
-                RETURN QUERY SELECT 'source_gone', NULL::bigint, NULL::text, NULL::bigint,
+            outcome := CASE
+                WHEN NOT FOUND THEN 'source_not_found'
+                WHEN src.deleted_at IS NOT NULL THEN 'source_gone'
+                WHEN p_content_type IS NOT NULL
+                     AND ds_media_type(p_content_type) <> ds_media_type(src.content_type)
+                    THEN 'content_type_mismatch'
+                WHEN p_fork_seq IS NOT NULL AND NOT ds_is_position(src, p_fork_seq, p_fork_pos)
+                    THEN 'fork_offset_invalid'
+            END;
+            IF outcome IS NOT NULL THEN
+                RETURN QUERY SELECT outcome, NULL::bigint, NULL::text, NULL::bigint,
                     NULL::bigint, NULL::boolean;
                 RETURN;
             END IF;
-            IF p_content_type IS NOT NULL
-               AND ds_media_type(p_content_type) <> ds_media_type(src.content_type) THEN
-                RETURN QUERY SELECT 'content_type_mismatch', NULL::bigint, src.content_type,
-                    NULL::bigint, NULL::bigint, NULL::boolean;
-                RETURN;
-            END IF;
             v_type := coalesce(p_content_type, src.content_type);
-            -- The anchor: a position the source has minted (PROTOCOL.md 8, fork offsets).
-            IF p_fork_seq IS NULL THEN
-                v_fork_seq := src.next_seq;
-                v_fork_pos := src.next_pos;
-            ELSIF p_fork_seq > src.next_seq
-               OR (p_fork_seq = src.next_seq AND p_fork_pos <> src.next_pos) THEN
-                RETURN QUERY SELECT 'fork_offset_invalid', NULL::bigint, NULL::text,
+            v_anchor_seq := coalesce(p_fork_seq, src.next_seq);
+            v_anchor_pos := coalesce(p_fork_pos, src.next_pos);
+            v_prefix := ds_fork_prefix(src, v_anchor_seq, p_fork_sub);
+            IF v_prefix IS NULL THEN
+                RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
                     NULL::bigint, NULL::bigint, NULL::boolean;
                 RETURN;
-            ELSE
-                v_fork_seq := p_fork_seq;
-                v_fork_pos := p_fork_pos;
-                IF p_fork_seq < src.next_seq THEN
-                    m := ds_chain_message(src.id, p_fork_seq);
-                    IF m.pos IS DISTINCT FROM p_fork_pos THEN
-                        RETURN QUERY SELECT 'fork_offset_invalid', NULL::bigint, NULL::text,
-                            NULL::bigint, NULL::bigint, NULL::boolean;
-                        RETURN;
-                    END IF;
-                END IF;
             END IF;
-            -- Sub-offset: messages past the anchor for JSON, bytes for everything else; it may
-            -- not pass the end of the message that starts at the anchor (PROTOCOL.md 4.2).
-            IF p_fork_sub > 0 THEN
-                IF v_fork_seq >= src.next_seq THEN
-                    RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
-                        NULL::bigint, NULL::bigint, NULL::boolean;
-                    RETURN;
-                END IF;
-                IF ds_media_type(src.content_type) = 'application/json' THEN
-                    IF v_fork_seq + p_fork_sub > src.next_seq THEN
-                        RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
-                            NULL::bigint, NULL::bigint, NULL::boolean;
-                        RETURN;
-                    END IF;
-                    v_fork_seq := v_fork_seq + p_fork_sub;
-                    IF v_fork_seq = src.next_seq THEN
-                        v_fork_pos := src.next_pos;
-                    ELSE
-                        v_fork_pos := (ds_chain_message(src.id, v_fork_seq)).pos;
-                    END IF;
-                ELSE
-                    m := ds_chain_message(src.id, v_fork_seq);
-                    IF p_fork_sub > octet_length(m.data) THEN
-                        RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
-                            NULL::bigint, NULL::bigint, NULL::boolean;
-                        RETURN;
-                    ELSIF p_fork_sub = octet_length(m.data) THEN
-                        v_fork_seq := v_fork_seq + 1;
-                        v_fork_pos := v_fork_pos + p_fork_sub;
-                    ELSE
-                        -- The fork inherits part of a message: it keeps its own copy of those
-                        -- bytes as its first message, at the anchor's position.
-                        v_partial := substring(m.data FROM 1 FOR p_fork_sub::int);
-                    END IF;
-                END IF;
-            END IF;
-            v_seq := v_fork_seq;
-            v_pos := v_fork_pos;
             -- TTL and expiry of a fork (PROTOCOL.md 4.2 table): its own when given, else the
             -- source's.
             IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
@@ -357,11 +340,9 @@ BEGIN
             END IF;
         END IF;
 
-        IF v_partial IS NOT NULL THEN
-            p_data := ARRAY[v_partial] || coalesce(p_data, '{}');
-        END IF;
-        SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes FROM unnest(p_data) AS d;
-        IF v_pos + v_bytes > p_max_stream_bytes THEN
+        SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes
+          FROM unnest(v_prefix || coalesce(p_data, '{}')) AS d;
+        IF v_anchor_pos + v_bytes > p_max_stream_bytes THEN
             RETURN QUERY SELECT 'too_large', NULL::bigint, NULL::text, NULL::bigint,
                 NULL::bigint, NULL::boolean;
             RETURN;
@@ -369,36 +350,72 @@ BEGIN
 
         INSERT INTO ds_stream AS t (
             path, content_type, created_at, accessed_at, ttl_seconds, expires_at, next_seq,
-            next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_refcount
+            next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_sub_offset,
+            fork_refcount
         ) VALUES (
-            p_path, v_type, now(), now(), v_ttl, v_expires, v_seq, v_pos, p_closed,
-            CASE WHEN p_fork_from IS NOT NULL THEN src.id END, v_fork_seq, v_fork_pos, 0
+            p_path, v_type, now(), now(), v_ttl, v_expires, v_anchor_seq, v_anchor_pos,
+            p_closed, src.id,
+            CASE WHEN src.id IS NOT NULL THEN v_anchor_seq END,
+            CASE WHEN src.id IS NOT NULL THEN v_anchor_pos END,
+            CASE WHEN src.id IS NOT NULL THEN p_fork_sub END,
+            0
         )
         ON CONFLICT (path) DO NOTHING
         RETURNING t.id INTO v_id;
-        IF v_id IS NULL THEN
-            -- A concurrent create won the race: answer as if it had come first.
-            CONTINUE attempt;
-        END IF;
-        EXIT attempt;
+        -- NULL: a concurrent create won the race; answer as if it had come first.
+        EXIT attempt WHEN v_id IS NOT NULL;
     END LOOP;
 
-    IF p_fork_from IS NOT NULL THEN
+    IF src.id IS NOT NULL THEN
         UPDATE ds_stream AS t SET fork_refcount = t.fork_refcount + 1 WHERE t.id = src.id;
     END IF;
-    IF coalesce(array_length(p_data, 1), 0) > 0 THEN
-        INSERT INTO ds_message (stream_id, seq, pos, data)
-        SELECT v_id, v_seq + u.ord - 1,
-               v_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d
-          FROM unnest(p_data) WITH ORDINALITY AS u(d, ord)
-        WINDOW w AS (ORDER BY u.ord);
-        UPDATE ds_stream AS t
-           SET next_seq = v_seq + array_length(p_data, 1), next_pos = v_pos + v_bytes
-         WHERE t.id = v_id;
+    v_seq := v_anchor_seq;
+    v_pos := v_anchor_pos;
+    IF array_length(v_prefix, 1) > 0 THEN
+        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, v_prefix,
+                                            ds_one_batch(array_length(v_prefix, 1)));
+        v_seq := v_seq + array_length(v_prefix, 1);
+    END IF;
+    IF array_length(p_data, 1) > 0 THEN
+        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, p_data,
+                                            ds_one_batch(array_length(p_data, 1)));
         v_seq := v_seq + array_length(p_data, 1);
-        v_pos := v_pos + v_bytes;
+    END IF;
+    IF v_seq <> v_anchor_seq THEN
+        UPDATE ds_stream AS t SET next_seq = v_seq, next_pos = v_pos WHERE t.id = v_id;
     END IF;
     RETURN QUERY SELECT 'created', v_id, v_type, v_seq, v_pos, p_closed;
+END;
+$$;
+
+-- Would creating with this configuration produce the existing stream s? (idempotent PUT)
+CREATE OR REPLACE FUNCTION ds_create_matches(
+    s ds_stream, p_content_type text, p_ttl_seconds bigint, p_expires_at timestamptz,
+    p_closed boolean, p_fork_from text, p_fork_seq bigint, p_fork_pos bigint, p_fork_sub bigint
+) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_source_path text;
+BEGIN
+    IF s.deleted_at IS NOT NULL OR p_closed <> s.closed THEN
+        RETURN false;
+    ELSIF p_content_type IS NOT NULL
+          AND ds_media_type(p_content_type) <> ds_media_type(s.content_type) THEN
+        RETURN false;
+    END IF;
+    IF p_fork_from IS NULL THEN
+        RETURN s.fork_source_id IS NULL
+           AND p_ttl_seconds IS NOT DISTINCT FROM s.ttl_seconds
+           AND p_expires_at IS NOT DISTINCT FROM s.expires_at;
+    END IF;
+    SELECT t.path INTO v_source_path FROM ds_stream AS t WHERE t.id = s.fork_source_id;
+    -- A fork's TTL/expiry may have been inherited: compare only what the request gives. An
+    -- omitted fork offset (the source's tail) matches the recorded anchor.
+    RETURN v_source_path IS NOT DISTINCT FROM p_fork_from
+       AND (p_fork_seq IS NULL OR (p_fork_seq, p_fork_pos) = (s.fork_seq, s.fork_pos))
+       AND p_fork_sub = s.fork_sub_offset
+       AND (p_ttl_seconds IS NULL OR p_ttl_seconds = s.ttl_seconds)
+       AND (p_expires_at IS NULL OR p_expires_at = s.expires_at);
 END;
 $$;
 
@@ -548,7 +565,7 @@ BEGIN
             IF p_producer_ids[i] IS NOT NULL THEN
                 INSERT INTO ds_producer AS p (stream_id, producer_id, epoch, last_seq, updated_at)
                 VALUES (s.id, p_producer_ids[i], p_epochs[i], p_producer_seqs[i], now())
-                ON CONFLICT (stream_id, producer_id) DO UPDATE
+                ON CONFLICT ON CONSTRAINT ds_producer_pkey DO UPDATE
                    SET epoch = excluded.epoch, last_seq = excluded.last_seq,
                        updated_at = excluded.updated_at;
                 producer_epoch := p_epochs[i];
@@ -570,9 +587,10 @@ BEGIN
     END LOOP;
 
     IF v_any THEN
-        INSERT INTO ds_message (stream_id, seq, pos, data)
+        INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
         SELECT s.id, s.next_seq + row_number() OVER w - 1,
-               s.next_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d
+               s.next_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d,
+               lead(u.owner) OVER w IS DISTINCT FROM u.owner
           FROM unnest(p_data, p_owner) WITH ORDINALITY AS u(d, owner, ord)
          WHERE v_accept[u.owner]
         WINDOW w AS (ORDER BY u.ord);
