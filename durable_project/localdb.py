@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import os
 import shutil
 import socket
@@ -57,11 +56,11 @@ def _bindir() -> Path:
     if found:
         return Path(found).parent
     candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name),
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
     )
     if candidates:
-        return Path(candidates[-1]).parent
+        return candidates[-1].parent
     raise LocalDatabaseError(
         "PostgreSQL server binaries not found: install them (Debian: apt-get install postgresql) "
         "or set DATABASE_URL to an existing database."
@@ -88,7 +87,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     PGDATA_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_FILE, "a+") as lock:
+    with LOCK_FILE.open("a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -148,9 +147,7 @@ def _start(port: int) -> None:
     if _is_running(port):
         return
     if not _port_is_free(port):
-        raise LocalDatabaseError(
-            f"port {port} (from {PORT_FILE}) is taken by another program"
-        )
+        raise LocalDatabaseError(f"port {port} (from {PORT_FILE}) is taken by another program")
     if os.geteuid() == 0:
         LOG_FILE.touch()
         shutil.chown(LOG_FILE, user="postgres", group="postgres")
@@ -175,9 +172,7 @@ def _start(port: int) -> None:
     deadline = time.monotonic() + 30
     while not _is_running(port):
         if time.monotonic() > deadline:
-            raise LocalDatabaseError(
-                f"PostgreSQL did not accept connections; see {LOG_FILE}"
-            )
+            raise LocalDatabaseError(f"PostgreSQL did not accept connections; see {LOG_FILE}")
         time.sleep(0.1)
 
 
@@ -187,9 +182,7 @@ def _ensure_database(port: int, name: str) -> None:
     with psycopg.connect(
         host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
     ) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-        ).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
 

@@ -81,9 +81,7 @@ DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {
-        "NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"
-    },
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
@@ -101,9 +99,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
-    },
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "streams": {
@@ -118,9 +114,7 @@ LOGGING = {
 # Long-poll wait before 204 (PROTOCOL.md 5.7). The conformance suite wants it under 4 s.
 DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
-DS_SSE_RECONNECT_INTERVAL_SECS = env.float(
-    "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0
-)
+DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
 # Origins allowed by CORS: "*" or a comma-separated list.
 DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
 # A stream may hold at most this many bytes; an append past it answers 413.
@@ -134,6 +128,4 @@ DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=1024**2)
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
 DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
 # Expired streams are deleted on access and by a sweep this often (seconds, per process).
-DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float(
-    "DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0
-)
+DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)

@@ -126,9 +126,7 @@ class LiveHub:
         backoff = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    conninfo(), autocommit=True
-                )
+                conn = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
@@ -141,9 +139,7 @@ class LiveHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 self._listening.clear()
-                logger.warning(
-                    "LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff
-                )
+                logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 

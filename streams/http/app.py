@@ -100,9 +100,7 @@ def raise_bad_live(value: str) -> None:
     raise BadRequest(f"unknown live mode {value!r} (use long-poll or sse)")
 
 
-async def _run_watching_disconnect(
-    request: Request, send: Send, origin: str | None
-) -> None:
+async def _run_watching_disconnect(request: Request, send: Send, origin: str | None) -> None:
     """Run a GET while listening for ``http.disconnect``; cancel the GET when it comes."""
     handler = asyncio.ensure_future(_get(request, send, origin))
 

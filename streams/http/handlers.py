@@ -72,9 +72,7 @@ async def create(request: Request) -> Response:
     if ttl_header is not None and expires_header is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
     ttl = h.parse_ttl(ttl_header) if ttl_header is not None else None
-    expires_at = (
-        h.parse_expires_at(expires_header) if expires_header is not None else None
-    )
+    expires_at = h.parse_expires_at(expires_header) if expires_header is not None else None
     content_type = request.header("content-type")
     if content_type is not None:
         content_type = content_type.strip()
@@ -130,15 +128,11 @@ async def append(request: Request) -> Response:
         if not content_type:
             raise BadRequest("Content-Type is required with a body")
         body_media: str | None = h.media_type(content_type)
-        messages = (
-            json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
-        )
+        messages = json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
     elif close:
         body_media, messages = None, []
     else:
-        raise BadRequest(
-            "empty body (only a close with Stream-Closed: true may be empty)"
-        )
+        raise BadRequest("empty body (only a close with Stream-Closed: true may be empty)")
 
     result = await group_commit.append(
         AppendRequest(
@@ -192,9 +186,7 @@ async def read(request: Request) -> Response:
     response = data_response(meta, result)
     if_none_match = request.header("if-none-match")
     if if_none_match is not None and response.headers["ETag"] in _etags(if_none_match):
-        return Response(
-            304, {k: v for k, v in response.headers.items() if k != "Content-Type"}
-        )
+        return Response(304, {k: v for k, v in response.headers.items() if k != "Content-Type"})
     return response
 
 
@@ -206,9 +198,7 @@ def body_of(meta: StreamMeta, messages: list[bytes]) -> bytes:
     return json_mode.render(messages) if meta.is_json else b"".join(messages)
 
 
-def data_response(
-    meta: StreamMeta, result: ReadResult, *, cursor: str | None = None
-) -> Response:
+def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = None) -> Response:
     etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
     headers = {
         "Content-Type": meta.content_type,
@@ -226,9 +216,7 @@ def data_response(
     return Response(200, headers, body_of(meta, result.messages))
 
 
-def tail_response(
-    meta: StreamMeta, status: int, *, cursor: str | None = None
-) -> Response:
+def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
     """An answer at the tail with no data: ``offset=now`` (200) or a long-poll timeout (204)."""
     headers = {
         "Content-Type": meta.content_type,

@@ -30,9 +30,7 @@ SSE_KEEPALIVE_SECS = 15.0
 
 def _live_start(request: Request) -> ReadStart:
     if "offset" not in request.query:
-        raise BadRequest(
-            "live reads need an offset (-1 for the beginning, now for the tail)"
-        )
+        raise BadRequest("live reads need an offset (-1 for the beginning, now for the tail)")
     return parse_read_offset(request.query["offset"])
 
 
@@ -49,9 +47,7 @@ async def long_poll(request: Request) -> Response:
             subscription.arm()
             meta = await reads.stream_meta(request.path, touch=False)
             if offset != meta.tail:
-                result = await reads.read_range(
-                    meta, offset, settings.DS_MAX_READ_BYTES
-                )
+                result = await reads.read_range(meta, offset, settings.DS_MAX_READ_BYTES)
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
                 return tail_response(meta, 204)

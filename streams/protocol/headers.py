@@ -27,18 +27,14 @@ JSON = "application/json"
 
 def parse_ttl(value: str) -> int:
     if not _TTL_RE.fullmatch(value):
-        raise BadRequest(
-            f"Stream-TTL must be a non-negative integer of seconds, got {value!r}"
-        )
+        raise BadRequest(f"Stream-TTL must be a non-negative integer of seconds, got {value!r}")
     return int(value)
 
 
 def parse_expires_at(value: str) -> datetime:
     match = _RFC3339_RE.fullmatch(value.strip())
     if match is None:
-        raise BadRequest(
-            f"Stream-Expires-At must be an RFC 3339 timestamp, got {value[:64]!r}"
-        )
+        raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value[:64]!r}")
     text = match.group(0)
     fraction = match.group(7) or ""
     # datetime handles at most microseconds; drop finer digits rather than reject them.
@@ -82,9 +78,7 @@ class ProducerTuple:
 
 def _producer_integer(name: str, value: str) -> int:
     if not _UINT_RE.fullmatch(value) or int(value) > MAX_SAFE_INTEGER:
-        raise BadRequest(
-            f"{name} must be an integer between 0 and 2^53-1, got {value[:32]!r}"
-        )
+        raise BadRequest(f"{name} must be an integer between 0 and 2^53-1, got {value[:32]!r}")
     return int(value)
 
 
@@ -96,9 +90,7 @@ def parse_producer(
     if not any(given):
         return None
     if not all(given):
-        raise BadRequest(
-            "Producer-Id, Producer-Epoch and Producer-Seq must be sent together"
-        )
+        raise BadRequest("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
     assert producer_id is not None and epoch is not None and seq is not None
     if producer_id.strip() == "":
         raise BadRequest("Producer-Id must not be empty")

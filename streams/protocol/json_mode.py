@@ -25,9 +25,7 @@ def _encode(value: Any) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         # A lone surrogate escape ("\ud800") is valid JSON but not UTF-8: keep it escaped.
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode(
-            "ascii"
-        )
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 def parse_body(body: bytes) -> Any:

@@ -16,9 +16,7 @@ def data_event(payload: bytes, *, base64_encoded: bool) -> bytes:
     the client's join with ``\\n`` restores it (``\\r`` cannot survive SSE: docs/gaps.md)."""
     if base64_encoded:
         text = base64.b64encode(payload)
-        lines = [
-            text[i : i + _BASE64_LINE] for i in range(0, len(text), _BASE64_LINE)
-        ] or [b""]
+        lines = [text[i : i + _BASE64_LINE] for i in range(0, len(text), _BASE64_LINE)] or [b""]
     else:
         lines = _LINE_BREAK.split(payload)
     return b"event: data\n" + b"".join(_field(line) for line in lines) + b"\n"
@@ -45,11 +43,7 @@ def control_event(
         control["upToDate"] = True
     if closed:
         control["streamClosed"] = True
-    return (
-        b"event: control\ndata:"
-        + json.dumps(control, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
+    return b"event: control\ndata:" + json.dumps(control, separators=(",", ":")).encode() + b"\n\n"
 
 
 COMMENT_KEEPALIVE = b": keep-alive\n\n"

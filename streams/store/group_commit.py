@@ -31,13 +31,13 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 @dataclass
 class _StreamQueue:
-    pending: list[tuple[AppendRequest, asyncio.Future[AppendResult]]] = field(
-        default_factory=list
-    )
+    pending: list[tuple[AppendRequest, asyncio.Future[AppendResult]]] = field(default_factory=list)
     running: bool = False
 
 
 _queues: dict[str, _StreamQueue] = {}
+# Running writer tasks, referenced so they are not garbage-collected mid-flight.
+_writers: set[asyncio.Task[None]] = set()
 
 
 async def append(request: AppendRequest) -> AppendResult:
@@ -54,7 +54,9 @@ async def append(request: AppendRequest) -> AppendResult:
         queue.running = True
         # The writer is a task of its own: a client that disconnects mid-append cancels only
         # its wait, never the transaction other requests share.
-        loop.create_task(_drain(request.path, queue))
+        writer = loop.create_task(_drain(request.path, queue))
+        _writers.add(writer)
+        writer.add_done_callback(_writers.discard)
     return await asyncio.shield(future)
 
 
@@ -64,9 +66,7 @@ def _take_batch(
     size = 0
     count = 0
     for request, _ in queue.pending:
-        if count and (
-            count >= MAX_BATCH_REQUESTS or size + request.size > MAX_BATCH_BYTES
-        ):
+        if count and (count >= MAX_BATCH_REQUESTS or size + request.size > MAX_BATCH_BYTES):
             break
         size += request.size
         count += 1

@@ -23,11 +23,8 @@ _task: asyncio.Task[None] | None = None
 
 def ensure_started() -> None:
     global _task
-    if _task is None or _task.done():
-        if settings.DS_EXPIRY_SWEEP_INTERVAL_SECS > 0:
-            _task = asyncio.get_running_loop().create_task(
-                _sweep_forever(), name="ds-expiry-sweep"
-            )
+    if (_task is None or _task.done()) and settings.DS_EXPIRY_SWEEP_INTERVAL_SECS > 0:
+        _task = asyncio.get_running_loop().create_task(_sweep_forever(), name="ds-expiry-sweep")
 
 
 async def sweep_once() -> int:

@@ -56,9 +56,7 @@ async def get_pool() -> AsyncConnectionPool:
             )
             await pool.open(wait=True, timeout=30)
             _pool = pool
-            logger.info(
-                "database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE
-            )
+            logger.info("database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE)
     return _pool
 
 

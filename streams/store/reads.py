@@ -53,9 +53,7 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         ttl_seconds=ttl,
         expires_at=expires_at,
         created_at=created_at,
-        segments=tuple(
-            Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)
-        ),
+        segments=tuple(Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)),
     )
 
 

@@ -32,9 +32,7 @@ _APPEND_SQL = (
 )
 
 
-async def create_stream(
-    request: CreateRequest, *, max_stream_bytes: int
-) -> CreateResult:
+async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> CreateResult:
     fork = request.fork
     params = (
         request.path,
@@ -69,9 +67,7 @@ async def create_stream(
 def _create_error(outcome: str) -> ProtocolError:
     match outcome:
         case "conflict":
-            return Conflict(
-                "a stream already exists at this path with a different configuration"
-            )
+            return Conflict("a stream already exists at this path with a different configuration")
         case "source_not_found":
             return NotFound("fork source stream not found")
         case "source_gone":
@@ -79,13 +75,9 @@ def _create_error(outcome: str) -> ProtocolError:
         case "content_type_mismatch":
             return Conflict("Content-Type differs from the fork source's content type")
         case "fork_offset_invalid":
-            return BadRequest(
-                "Stream-Fork-Offset is not a position of the source stream"
-            )
+            return BadRequest("Stream-Fork-Offset is not a position of the source stream")
         case "sub_offset_invalid":
-            return BadRequest(
-                "Stream-Fork-Sub-Offset is past the next message boundary"
-            )
+            return BadRequest("Stream-Fork-Sub-Offset is past the next message boundary")
         case "too_large":
             return PayloadTooLarge("initial content exceeds the stream size limit")
     raise AssertionError(f"unexpected create outcome {outcome!r}")
@@ -132,10 +124,7 @@ async def append_batch(
     async with pool.connection() as conn:
         cur = await conn.execute(_APPEND_SQL, params)
         rows = await cur.fetchall()
-    return [
-        _append_result(request, row)
-        for request, row in zip(requests, rows, strict=True)
-    ]
+    return [_append_result(request, row) for request, row in zip(requests, rows, strict=True)]
 
 
 def _append_result(request: AppendRequest, row: tuple) -> AppendResult | ProtocolError:

@@ -1,0 +1,149 @@
+"""Test harness: a throwaway PostgreSQL database and real server processes.
+
+pytest-django creates the test database (``test_<name>``) on the configured server, or on the
+project's own local cluster when ``DATABASE_URL`` is unset, and migrates it. Server fixtures
+start the production server command (uvicorn) against that database on a free port, and the
+tests talk to it over real HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Settings every test server gets: short long-polls (the conformance suite needs < 4 s).
+TEST_SERVER_ENV = {
+    "DS_SERVER__LONG_POLL_TIMEOUT_SECS": "2",
+    "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "60",
+    "DS_LOG_LEVEL": "WARNING",
+    "DJANGO_DEBUG": "false",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """One server process: ``base_url`` is ``http://127.0.0.1:<port>``."""
+
+    def __init__(self, url: str, env: dict[str, str], log_path: Path, kind: str) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        environment = {**os.environ, **TEST_SERVER_ENV, **env, "DATABASE_URL": url}
+        if kind == "uvicorn":
+            argv = [
+                sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            ]  # fmt: skip
+        elif kind == "runserver":
+            argv = [
+                sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}",
+            ]  # fmt: skip
+        else:
+            raise ValueError(kind)
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, env=environment, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not start: {self.log_path.read_text()[-3000:]}")
+
+    def stream_url(self, path: str) -> str:
+        return f"{self.base_url}/v1/stream/{path}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def _database_url(settings_dict: dict[str, Any]) -> str:
+    user = settings_dict.get("USER") or "postgres"
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def database_url(django_db_setup: None, django_db_blocker: Any) -> str:
+    """URL of the migrated throwaway test database."""
+    from django.db import connection
+
+    return _database_url(connection.settings_dict)
+
+
+@pytest.fixture(scope="session")
+def start_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Factory: ``start_server(env={...}, kind="uvicorn")`` starts a server process that is
+    stopped at the end of the session."""
+    started: list[ServerProcess] = []
+    logs = tmp_path_factory.mktemp("server-logs")
+
+    def start(env: dict[str, str] | None = None, kind: str = "uvicorn") -> ServerProcess:
+        server = ServerProcess(database_url, env or {}, logs / f"server-{len(started)}.log", kind)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(start_server: Any) -> ServerProcess:
+    """The shared server most tests use."""
+    return start_server()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        yield http
+
+
+@pytest.fixture
+def stream_path(request: pytest.FixtureRequest) -> str:
+    """A stream path unique to this test."""
+    return f"tests/{request.node.name}-{time.time_ns()}".replace("[", "-").replace("]", "")
+
+
+@pytest.fixture(scope="session")
+def pg(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A direct connection to the test database, for assertions on what is stored."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn

@@ -1,0 +1,8 @@
+// Runs the official Durable Streams conformance suite against CONFORMANCE_TEST_URL.
+// Driven by tests/conformance/test_conformance.py (which starts the server).
+import { runConformanceTests } from "@durable-streams/server-conformance-tests"
+
+runConformanceTests({
+  baseUrl: process.env.CONFORMANCE_TEST_URL,
+  longPollTimeoutMs: Number(process.env.CONFORMANCE_LONG_POLL_TIMEOUT_MS ?? 2000),
+})
