@@ -56,3 +56,14 @@ class PayloadTooLarge(ProtocolError):
 class ServiceUnavailable(ProtocolError):
     status = 503
     code = "UNAVAILABLE"
+
+
+class StreamClosed(Conflict):
+    """An append to a closed stream (PROTOCOL.md 5.2): 409 with ``Stream-Closed: true`` and the
+    final offset, so clients can tell it from other conflicts without reading the body."""
+
+    def __init__(self, final_offset: str) -> None:
+        super().__init__(
+            "stream is closed",
+            headers={"Stream-Closed": "true", "Stream-Next-Offset": final_offset},
+        )

@@ -9,6 +9,7 @@ tests talk to it over real HTTP.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -100,6 +101,15 @@ def _database_url(settings_dict: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings() -> None:
+    """A test database name of this run's own, so concurrent runs never share one."""
+    from django.db import connections
+
+    settings_dict = connections["default"].settings_dict
+    settings_dict["TEST"]["NAME"] = f"test_{settings_dict['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
 def database_url(django_db_setup: None, django_db_blocker: Any) -> str:
     """URL of the migrated throwaway test database."""
     from django.db import connection
@@ -139,7 +149,8 @@ def client(server: ServerProcess) -> Iterator[httpx.Client]:
 @pytest.fixture
 def stream_path(request: pytest.FixtureRequest) -> str:
     """A stream path unique to this test."""
-    return f"tests/{request.node.name}-{time.time_ns()}".replace("[", "-").replace("]", "")
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)
+    return f"tests/{name}-{time.time_ns()}"
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from streams.errors import BadRequest
+from streams.errors import BadRequest, Conflict, StreamClosed
 from streams.http.request import Request
 from streams.http.responses import Response
 from streams.protocol import headers as h
@@ -128,7 +128,11 @@ async def append(request: Request) -> Response:
         if not content_type:
             raise BadRequest("Content-Type is required with a body")
         body_media: str | None = h.media_type(content_type)
-        messages = json_mode.messages_for_append(body) if h.is_json(body_media) else [body]
+        messages = (
+            await _json_messages(request.path, body_media, body)
+            if h.is_json(body_media)
+            else [body]
+        )
     elif close:
         body_media, messages = None, []
     else:
@@ -153,6 +157,21 @@ async def append(request: Request) -> Response:
         # New data from a producer is 200; a duplicate or a close-only is 204 (5.2.1, 5.3).
         return Response(204 if result.duplicate or not messages else 200, headers)
     return Response(204, headers)
+
+
+async def _json_messages(path: str, body_media: str, body: bytes) -> list[bytes]:
+    """Validate and flatten a JSON append. A body that is not valid JSON is a 400, unless the
+    stream would refuse the append anyway: missing (404), closed or of another type (409)
+    answer first (PROTOCOL.md 5.2, error precedence)."""
+    try:
+        return json_mode.messages_for_append(body)
+    except BadRequest:
+        meta = await reads.stream_meta(path, touch=False)
+        if meta.closed:
+            raise StreamClosed(str(meta.tail)) from None
+        if meta.media_type != body_media:
+            raise Conflict("Content-Type does not match the stream's content type") from None
+        raise
 
 
 async def head(request: Request) -> Response:

@@ -7,47 +7,49 @@ connection. A stream that is closed at the reader's offset ends the wait at once
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
 from streams.errors import BadRequest, ProtocolError
-from streams.http.handlers import data_response, tail_response
+from streams.http.handlers import body_of, data_response, tail_response
 from streams.http.request import Request, Send
 from streams.http.responses import Response, encode_headers
-from streams.live import hub
+from streams.live import Subscription, hub
 from streams.protocol import cursor as cursors
 from streams.protocol import sse
 from streams.protocol.headers import is_text_for_sse
-from streams.protocol.offsets import Offset, ReadStart, parse_read_offset
+from streams.protocol.offsets import Offset, parse_read_offset
 from streams.store import reads
-from streams.store.types import StreamMeta
+from streams.store.types import ReadResult, StreamMeta
 
 # An idle SSE connection gets a comment this often, so proxies and clients keep it open.
 SSE_KEEPALIVE_SECS = 15.0
 
 
-def _live_start(request: Request) -> ReadStart:
+async def _open(request: Request) -> tuple[StreamMeta, Offset]:
+    """The stream (renewing its TTL: PROTOCOL.md 5.1) and the validated start offset."""
     if "offset" not in request.query:
         raise BadRequest("live reads need an offset (-1 for the beginning, now for the tail)")
-    return parse_read_offset(request.query["offset"])
-
-
-async def long_poll(request: Request) -> Response:
-    start = _live_start(request)
-    cursor = cursors.next_cursor(request.query_value("cursor"))
+    start = parse_read_offset(request.query["offset"])
     meta = await reads.stream_meta(request.path, touch=True)
     offset = meta.tail if start.at_tail else start.offset
     assert offset is not None
     reads.check_offset(meta, offset)
+    return meta, offset
+
+
+async def long_poll(request: Request) -> Response:
+    meta, offset = await _open(request)
+    cursor = cursors.next_cursor(request.query_value("cursor"))
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     async with hub.subscribe(meta.id) as subscription:
         while True:
             subscription.arm()
-            meta = await reads.stream_meta(request.path, touch=False)
-            if offset != meta.tail:
-                result = await reads.read_range(meta, offset, settings.DS_MAX_READ_BYTES)
+            meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+            if result.messages:
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
                 return tail_response(meta, 204)
@@ -57,105 +59,95 @@ async def long_poll(request: Request) -> Response:
 
 
 async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
-    start = _live_start(request)
-    client_cursor = request.query_value("cursor")
-    meta = await reads.stream_meta(request.path, touch=True)
-    offset = meta.tail if start.at_tail else start.offset
-    assert offset is not None
-    reads.check_offset(meta, offset)
-    base64_data = not is_text_for_sse(meta.media_type)
-    headers = {
-        "Content-Type": "text/event-stream",
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-    }
-    if base64_data:
-        headers["Stream-Sse-Data-Encoding"] = "base64"
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": encode_headers(headers, origin, None),
-        }
-    )
+    meta, offset = await _open(request)
+    async with hub.subscribe(meta.id) as subscription:
+        # The first read happens before the response starts, so a bad offset is still a 400.
+        subscription.arm()
+        meta, first = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        base64_data = not is_text_for_sse(meta.media_type)
+        if base64_data:
+            headers["Stream-Sse-Data-Encoding"] = "base64"
+        start = {"type": "http.response.start", "status": 200}
+        await send(start | {"headers": encode_headers(headers, origin, None)})
 
-    async def emit(chunk: bytes) -> None:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async def emit(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-    interval = settings.DS_SSE_RECONNECT_INTERVAL_SECS
-    end_at = time.monotonic() + interval if interval > 0 else float("inf")
-    try:
-        async with hub.subscribe(meta.id) as subscription:
-            await _sse_loop(
-                request,
-                meta,
-                offset,
-                subscription,
-                emit,
-                base64_data,
-                client_cursor,
-                end_at,
-            )
-    except ProtocolError:
-        pass  # deleted or expired while we followed it: end the event stream
+        session = SseSession(meta, offset, emit, base64_data, request.query_value("cursor"))
+        # Deleted or expired while followed: the event stream just ends.
+        with contextlib.suppress(ProtocolError):
+            await session.run(subscription, first)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _sse_loop(
-    request: Request,
-    meta: StreamMeta,
-    offset: Offset,
-    subscription: object,
-    emit,  # type: ignore[no-untyped-def]
-    base64_data: bool,
-    client_cursor: str | None,
-    end_at: float,
-) -> None:
-    sent_control = False
-    while True:
-        subscription.arm()  # type: ignore[attr-defined]
-        meta = await reads.stream_meta(request.path, touch=False)
-        if offset != meta.tail:
-            result = await reads.read_range(meta, offset, settings.DS_MAX_READ_BYTES)
-            offset = result.next_offset
-            cursor = cursors.next_cursor(client_cursor)
-            payload = (
-                b"[" + b",".join(result.messages) + b"]"
-                if meta.is_json
-                else b"".join(result.messages)
-            )
-            await emit(
-                sse.data_event(payload, base64_encoded=base64_data)
-                + sse.control_event(
-                    next_offset=str(offset),
-                    cursor=cursor,
-                    up_to_date=result.up_to_date,
-                    closed=result.closed_at_tail,
+class SseSession:
+    """One SSE connection: catch up, then follow, until the stream closes, goes away, or the
+    reconnect interval ends the connection (PROTOCOL.md 10.2)."""
+
+    def __init__(
+        self,
+        meta: StreamMeta,
+        offset: Offset,
+        emit: Callable[[bytes], Awaitable[None]],
+        base64_data: bool,
+        client_cursor: str | None,
+    ) -> None:
+        self.meta = meta
+        self.offset = offset
+        self.emit = emit
+        self.base64_data = base64_data
+        self.client_cursor = client_cursor
+        interval = settings.DS_SSE_RECONNECT_INTERVAL_SECS
+        self.ends_at = time.monotonic() + interval if interval > 0 else float("inf")
+
+    async def run(self, subscription: Subscription, result: ReadResult) -> None:
+        """Follow the stream from ``result``, the read made (armed) before the response began."""
+        sent_control = False
+        while True:
+            if result.messages:
+                self.offset = result.next_offset
+                # Data and its control event go out in one write (clients and the conformance
+                # suite expect the pair together).
+                data = sse.data_event(
+                    body_of(self.meta, result.messages), base64_encoded=self.base64_data
                 )
+                closed = result.closed_at_tail
+                await self.emit(data + self._control(up_to_date=result.up_to_date, closed=closed))
+                sent_control = True
+                if closed:
+                    return
+            else:
+                if self.meta.closed or not sent_control:
+                    # At the tail: say so once (at once for offset=now); a closed stream ends.
+                    await self.emit(self._control(up_to_date=True, closed=self.meta.closed))
+                    sent_control = True
+                    if self.meta.closed:
+                        return
+                if not await self._wait(subscription):
+                    return
+            subscription.arm()
+            self.meta, result = await reads.reread(
+                self.meta, self.offset, settings.DS_MAX_READ_BYTES
             )
-            sent_control = True
-            if result.closed_at_tail:
-                return
-            continue
-        if meta.closed or not sent_control:
-            await emit(
-                sse.control_event(
-                    next_offset=str(offset),
-                    cursor=cursors.next_cursor(client_cursor),
-                    up_to_date=True,
-                    closed=meta.closed,
-                )
-            )
-            sent_control = True
-            if meta.closed:
-                return
-        remaining = end_at - time.monotonic()
+
+    async def _wait(self, subscription: Subscription) -> bool:
+        """Wait for a change; False when the connection should end (reconnect interval). An idle
+        connection gets a keep-alive comment and re-reads anyway, so delivery never hangs on a
+        single notification."""
+        remaining = self.ends_at - time.monotonic()
         if remaining <= 0:
-            return
-        if not await subscription.wait(min(remaining, SSE_KEEPALIVE_SECS)):  # type: ignore[attr-defined]
-            if time.monotonic() >= end_at:
-                return
-            await emit(sse.COMMENT_KEEPALIVE)
+            return False
+        if not await subscription.wait(min(remaining, SSE_KEEPALIVE_SECS)):
+            if time.monotonic() >= self.ends_at:
+                return False
+            await self.emit(sse.COMMENT_KEEPALIVE)
+        return True
 
-
-__all__ = ["asyncio", "long_poll", "server_sent_events"]
+    def _control(self, *, up_to_date: bool, closed: bool) -> bytes:
+        return sse.control_event(
+            next_offset=str(self.offset),
+            cursor=cursors.next_cursor(self.client_cursor),
+            up_to_date=up_to_date,
+            closed=closed,
+        )

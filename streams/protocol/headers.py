@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 from streams.errors import BadRequest
 
 # PROTOCOL.md 5.1: decimal, no sign, no leading zeros, no fraction or exponent.
-_TTL_RE = re.compile(r"0|[1-9][0-9]{0,17}")
+_TTL_RE = re.compile(r"0|[1-9][0-9]*")
+# Longer windows are refused rather than stored: 100 years is "never" for any real stream.
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
 # RFC 3339 date-time: full date, "T" (or space is not allowed here), time, zone.
 _RFC3339_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
@@ -27,7 +29,9 @@ JSON = "application/json"
 
 def parse_ttl(value: str) -> int:
     if not _TTL_RE.fullmatch(value):
-        raise BadRequest(f"Stream-TTL must be a non-negative integer of seconds, got {value!r}")
+        raise BadRequest(f"Stream-TTL must be a non-negative integer, got {value[:32]!r}")
+    if len(value) > 12 or int(value) > MAX_TTL_SECONDS:
+        raise BadRequest(f"Stream-TTL may be at most {MAX_TTL_SECONDS} seconds")
     return int(value)
 
 

@@ -7,6 +7,8 @@ commit in between.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streams.errors import BadRequest, Gone, NotFound
 from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
@@ -19,6 +21,16 @@ _META_SQL = (
 _ROWS_SQL = (
     "SELECT seq, pos, data FROM ds_message"
     " WHERE stream_id = %s AND seq >= %s AND seq < %s AND pos < %s ORDER BY seq"
+)
+# A live reader's re-read of a stream that is not a fork: its tail and the new rows in ONE
+# statement (one round trip, one snapshot). No row at all: the stream is gone.
+_LIVE_SQL = (
+    "SELECT s.next_seq, s.next_pos, s.closed, s.deleted_at IS NOT NULL, m.seq, m.pos, m.data"
+    " FROM ds_stream AS s LEFT JOIN LATERAL ("
+    "   SELECT seq, pos, data FROM ds_message"
+    "    WHERE stream_id = s.id AND seq >= %(seq)s AND seq < s.next_seq AND pos < %(limit)s"
+    "    ORDER BY seq) AS m ON true"
+    " WHERE s.id = %(id)s ORDER BY m.seq"
 )
 
 
@@ -47,6 +59,7 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
     ids, los, his = row[9], row[10], row[11]
     return StreamMeta(
         id=sid,
+        path=path,
         content_type=content_type,
         tail=Offset(next_seq, next_pos),
         closed=closed,
@@ -101,4 +114,46 @@ async def read_range(meta: StreamMeta, start: Offset, max_bytes: int) -> ReadRes
         next_offset=next_offset,
         up_to_date=up_to_date,
         closed_at_tail=up_to_date and meta.closed,
+    )
+
+
+async def reread(meta: StreamMeta, start: Offset, max_bytes: int) -> tuple[StreamMeta, ReadResult]:
+    """A live reader's re-read after a wake-up: the stream's current state and what it holds
+    from ``start``. Raises NotFound or Gone when the stream went away meanwhile."""
+    if len(meta.segments) > 1:
+        fresh = await stream_meta(meta.path, touch=False)
+        if fresh.id != meta.id:
+            raise NotFound("stream was deleted")
+        return fresh, await read_range(fresh, start, max_bytes)
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            _LIVE_SQL,
+            {"id": meta.id, "seq": start.seq, "limit": start.pos + max(max_bytes, 1)},
+            binary=True,
+        )
+        rows = await cur.fetchall()
+    if not rows:
+        raise NotFound("stream was deleted")
+    next_seq, next_pos, closed, deleted = rows[0][:4]
+    if deleted:
+        raise Gone("stream was deleted")
+    fresh = replace(meta, tail=Offset(next_seq, next_pos), closed=closed)
+    check_offset(fresh, start)
+    messages: list[bytes] = []
+    next_offset = start
+    for *_, seq, pos, data in rows:
+        if seq is None:
+            break
+        if seq != next_offset.seq or pos != next_offset.pos:
+            raise BadRequest("offset does not belong to this stream")
+        messages.append(bytes(data))
+        next_offset = Offset(seq + 1, pos + len(data))
+    up_to_date = next_offset == fresh.tail
+    return fresh, ReadResult(
+        messages=messages,
+        start=start,
+        next_offset=next_offset,
+        up_to_date=up_to_date,
+        closed_at_tail=up_to_date and closed,
     )

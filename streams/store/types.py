@@ -23,6 +23,7 @@ class StreamMeta:
     """A stream as one statement saw it: everything a handler needs to answer."""
 
     id: int
+    path: str
     content_type: str
     tail: Offset
     closed: bool

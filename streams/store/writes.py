@@ -16,6 +16,7 @@ from streams.errors import (
     NotFound,
     PayloadTooLarge,
     ProtocolError,
+    StreamClosed,
 )
 from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
@@ -172,10 +173,7 @@ def _append_result(request: AppendRequest, row: tuple) -> AppendResult | Protoco
             )
         case "stream_closed":
             assert tail is not None
-            return Conflict(
-                "stream is closed",
-                headers={"Stream-Closed": "true", "Stream-Next-Offset": str(tail)},
-            )
+            return StreamClosed(str(tail))
         case "content_type_mismatch":
             return Conflict("Content-Type does not match the stream's content type")
         case "stream_seq_regression":
