@@ -1,0 +1,240 @@
+"""Django admin for streams: browse streams, their messages and their producer ledger.
+
+Protocol data is written only by the SQL write path, so the admin is read-only, except for
+deleting streams, which goes through the same SQL function a client's DELETE does (so forks,
+soft deletes and live readers behave exactly as over HTTP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+
+from streams.models import Message, Producer, Stream
+from streams.preview import preview
+from streams.protocol.headers import media_type
+from streams.protocol.offsets import Offset
+
+MESSAGES_PER_PAGE = 50
+
+
+class _KnownCountPaginator(Paginator):
+    """The stream row knows how many messages it holds: no COUNT(*) over a long stream."""
+
+    def __init__(self, object_list: Any, per_page: int, known_count: int) -> None:
+        super().__init__(object_list, per_page)
+        self._known_count = known_count
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return self._known_count
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    title = "expired"
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Expired"), ("no", "Live")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Stream]) -> QuerySet[Stream]:
+        if self.value() not in ("yes", "no"):
+            return queryset
+        # The same rule the SQL write path applies (ds_is_expired).
+        annotated = queryset.annotate(is_expired=RawSQL("ds_is_expired(ds_stream.*)", []))
+        return annotated.filter(is_expired=self.value() == "yes")
+
+
+class ForkedFilter(admin.SimpleListFilter):
+    title = "forked"
+    parameter_name = "forked"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("fork", "Is a fork"), ("source", "Has forks"), ("plain", "Neither")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Stream]) -> QuerySet[Stream]:
+        match self.value():
+            case "fork":
+                return queryset.filter(fork_source__isnull=False)
+            case "source":
+                return queryset.filter(fork_refcount__gt=0)
+            case "plain":
+                return queryset.filter(Q(fork_source__isnull=True) & Q(fork_refcount=0))
+        return queryset
+
+
+@admin.register(Stream)
+class StreamAdmin(admin.ModelAdmin):
+    list_display = [
+        "path",
+        "content_type",
+        "message_count",
+        "size",
+        "closed",
+        "is_fork",
+        "deleted",
+        "created_at",
+    ]
+    list_filter = ["content_type", "closed", ExpiredFilter, ForkedFilter]
+    search_fields = ["path"]
+    ordering = ["path"]
+    list_per_page = 100
+    show_full_result_count = False
+    actions = ["delete_streams"]
+    fieldsets = [
+        (None, {"fields": ["path", "content_type", "tail_offset", "closed", "created_at"]}),
+        ("Expiry", {"fields": ["ttl_seconds", "expires_at", "accessed_at", "deleted_at"]}),
+        ("Fork", {"fields": ["fork_source", "fork_offset", "fork_sub_offset", "fork_refcount"]}),
+        ("Writers", {"fields": ["closed_by", "last_stream_seq", "producer_ledger"]}),
+        ("Data", {"fields": ["messages_link"]}),
+    ]
+    readonly_fields = [
+        "path",
+        "content_type",
+        "tail_offset",
+        "closed",
+        "created_at",
+        "ttl_seconds",
+        "expires_at",
+        "accessed_at",
+        "deleted_at",
+        "fork_source",
+        "fork_offset",
+        "fork_sub_offset",
+        "fork_refcount",
+        "closed_by",
+        "last_stream_seq",
+        "producer_ledger",
+        "messages_link",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # the ORM delete would bypass the write path
+        return actions
+
+    def has_delete_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
+        return obj is None and super().has_delete_permission(request)
+
+    @admin.action(description="Delete selected streams (as a client DELETE would)")
+    def delete_streams(self, request: HttpRequest, queryset: QuerySet[Stream]) -> None:
+        outcomes: dict[str, int] = {}
+        with connection.cursor() as cursor:
+            for stream_path in queryset.values_list("path", flat=True):
+                cursor.execute("SELECT ds_delete(%s)", [stream_path])
+                outcome = cursor.fetchone()[0]
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        summary = ", ".join(
+            f"{count} {outcome.replace('_', ' ')}" for outcome, count in outcomes.items()
+        )
+        self.message_user(request, f"Streams: {summary}.", messages.SUCCESS)
+
+    @admin.display(description="messages", ordering="next_seq")
+    def message_count(self, obj: Stream) -> int:
+        return obj.next_seq
+
+    @admin.display(description="bytes", ordering="next_pos")
+    def size(self, obj: Stream) -> int:
+        return obj.next_pos
+
+    @admin.display(boolean=True, description="fork")
+    def is_fork(self, obj: Stream) -> bool:
+        return obj.fork_source_id is not None
+
+    @admin.display(boolean=True, description="deleted")
+    def deleted(self, obj: Stream) -> bool:
+        return obj.deleted_at is not None
+
+    @admin.display(description="tail offset")
+    def tail_offset(self, obj: Stream) -> str:
+        return str(Offset(obj.next_seq, obj.next_pos))
+
+    @admin.display(description="fork offset")
+    def fork_offset(self, obj: Stream) -> str:
+        if obj.fork_seq is None or obj.fork_pos is None:
+            return "-"
+        return str(Offset(obj.fork_seq, obj.fork_pos))
+
+    @admin.display(description="closed by producer")
+    def closed_by(self, obj: Stream) -> str:
+        if obj.closed_by_producer is None:
+            return "-"
+        return f"{obj.closed_by_producer} (epoch {obj.closed_by_epoch}, seq {obj.closed_by_seq})"
+
+    @admin.display(description="producer ledger")
+    def producer_ledger(self, obj: Stream) -> str:
+        producers = Producer.objects.filter(stream_id=obj.pk).order_by("producer_id")[:200]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((p.producer_id, p.epoch, p.last_seq, p.updated_at) for p in producers),
+        )
+        if not rows:
+            return "no idempotent producers"
+        return format_html(
+            "<table><thead><tr><th>producer id</th><th>epoch</th><th>last seq</th>"
+            "<th>last seen</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @admin.display(description="messages")
+    def messages_link(self, obj: Stream) -> str:
+        url = reverse("admin:streams_stream_messages", args=[obj.pk])
+        own = obj.next_seq - (obj.fork_seq or 0)
+        return format_html('<a href="{}">Browse {} stored messages</a>', url, own)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<int:stream_id>/messages/",
+                self.admin_site.admin_view(self.messages_view),
+                name="streams_stream_messages",
+            ),
+            *super().get_urls(),
+        ]
+
+    def messages_view(self, request: HttpRequest, stream_id: int) -> HttpResponse:
+        """The stream's own messages, oldest first, paginated, each with a decoded preview."""
+        stream = get_object_or_404(Stream, pk=stream_id)
+        if not self.has_view_permission(request, stream):
+            return HttpResponse(status=403)
+        rows = Message.objects.filter(stream_id=stream.pk).order_by("seq")
+        own_messages = stream.next_seq - (stream.fork_seq or 0)
+        page = _KnownCountPaginator(rows, MESSAGES_PER_PAGE, own_messages).get_page(
+            request.GET.get("page")
+        )
+        stream_media_type = media_type(stream.content_type)
+        entries = [
+            {
+                "seq": message.seq,
+                "offset": str(Offset(message.seq, message.pos)),
+                "size": len(message.data),
+                "preview": preview(bytes(message.data), stream_media_type),
+            }
+            for message in page.object_list
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "stream": stream,
+            "page": page,
+            "entries": entries,
+            "title": f"Messages of {stream.path}",
+        }
+        return TemplateResponse(request, "admin/streams/stream/messages.html", context)

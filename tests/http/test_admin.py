@@ -1,0 +1,129 @@
+"""The Django admin browses streams, their messages and producer ledgers (read-only), served
+by the real server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture(scope="module")
+def admin_client(server: Any, database_url: str) -> Iterator[httpx.Client]:
+    username = f"admin{time.time_ns()}"
+    subprocess.run(
+        [sys.executable, "manage.py", "createsuperuser", "--noinput",
+         "--username", username, "--email", "admin@example.com"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url, "DJANGO_SUPERUSER_PASSWORD": PASSWORD},
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with httpx.Client(base_url=server.base_url, timeout=10, follow_redirects=True) as client:
+        login_page = client.get("/admin/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)
+        assert token is not None
+        response = client.post(
+            "/admin/login/?next=/admin/",
+            data={
+                "csrfmiddlewaretoken": token.group(1),
+                "username": username,
+                "password": PASSWORD,
+            },
+            headers={"Referer": f"{server.base_url}/admin/login/"},
+        )
+        assert response.status_code == 200 and "Log out" in response.text
+        yield client
+
+
+def test_admin_lists_filters_and_shows_streams(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    stamp = time.time_ns()
+    json_path = f"admin/{stamp}/events"
+    binary_path = f"admin/{stamp}/blob"
+    client.put(f"/v1/stream/{json_path}", headers={"Content-Type": "application/json"})
+    producer = {"Producer-Id": "writer-1", "Producer-Epoch": "3", "Producer-Seq": "0"}
+    client.post(
+        f"/v1/stream/{json_path}",
+        headers={"Content-Type": "application/json"} | producer,
+        content='[{"kind":"created","id":7},{"kind":"updated"}]',
+    )
+    client.put(
+        f"/v1/stream/{binary_path}",
+        headers={"Content-Type": "application/octet-stream"},
+        content=bytes([0, 1, 2, 255]),
+    )
+    client.put(
+        f"/v1/stream/{json_path}-fork",
+        headers={"Stream-Forked-From": f"/v1/stream/{json_path}"},
+    )
+
+    listing = admin_client.get("/admin/streams/stream/", params={"q": str(stamp)})
+    assert listing.status_code == 200
+    assert json_path in listing.text and binary_path in listing.text
+
+    forks = admin_client.get("/admin/streams/stream/", params={"q": str(stamp), "forked": "fork"})
+    assert f"{json_path}-fork" in forks.text and binary_path not in forks.text
+    by_type = admin_client.get(
+        "/admin/streams/stream/",
+        params={"q": str(stamp), "content_type": "application/octet-stream"},
+    )
+    assert binary_path in by_type.text and json_path not in by_type.text
+    live = admin_client.get("/admin/streams/stream/", params={"q": str(stamp), "expired": "no"})
+    assert json_path in live.text
+
+    stream_id = re.search(
+        rf'href="/admin/streams/stream/(\d+)/change/[^"]*">{json_path}<', listing.text
+    )
+    assert stream_id is not None
+    detail = admin_client.get(f"/admin/streams/stream/{stream_id.group(1)}/change/")
+    assert "writer-1" in detail.text  # the producer ledger
+    assert "0000000000000002_" in detail.text  # the tail offset
+
+    messages = admin_client.get(f"/admin/streams/stream/{stream_id.group(1)}/messages/")
+    assert messages.status_code == 200
+    assert "&quot;kind&quot;: &quot;created&quot;" in messages.text  # pretty-printed JSON
+    binary_id = re.search(
+        rf'href="/admin/streams/stream/(\d+)/change/[^"]*">{binary_path}<', listing.text
+    )
+    assert binary_id is not None
+    blob = admin_client.get(f"/admin/streams/stream/{binary_id.group(1)}/messages/")
+    assert "00 01 02 ff" in blob.text  # hex preview
+
+
+def test_admin_is_read_only_and_deletes_through_the_protocol(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    path = f"admin/{time.time_ns()}/to-delete"
+    client.put(f"/v1/stream/{path}", headers={"Content-Type": "text/plain"}, content="x")
+    listing = admin_client.get("/admin/streams/stream/", params={"q": path})
+    stream_id = re.search(r'href="/admin/streams/stream/(\d+)/change/', listing.text)
+    assert stream_id is not None
+    assert admin_client.get("/admin/streams/stream/add/").status_code == 403
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', listing.text)
+    assert token is not None
+    response = admin_client.post(
+        "/admin/streams/stream/",
+        params={"q": path},
+        data={
+            "csrfmiddlewaretoken": token.group(1),
+            "action": "delete_streams",
+            "_selected_action": [stream_id.group(1)],
+        },
+        headers={"Referer": str(admin_client.base_url)},
+    )
+    assert response.status_code == 200
+    assert "1 deleted" in response.text
+    assert client.get(f"/v1/stream/{path}").status_code == 404
