@@ -5,6 +5,7 @@ Django's request machinery is deliberately not used on the hot path (DESIGN.md, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Scope = dict[str, Any]
 
 MAX_PATH_BYTES = 1024
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ClientDisconnected(Exception):
@@ -91,7 +93,7 @@ def stream_path(encoded: str) -> str:
         raise BadRequest("stream path is empty")
     if len(path.encode()) > MAX_PATH_BYTES:
         raise BadRequest(f"stream path is longer than {MAX_PATH_BYTES} bytes")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+    if _CONTROL_CHARS.search(path):
         raise BadRequest("stream path contains control characters")
     segments = path.split("/")
     if any(segment in ("", ".", "..") for segment in segments):

@@ -8,6 +8,8 @@ succeeds; data, tail, producer ledger and closure commit together.
 
 from __future__ import annotations
 
+import json
+
 from streams.errors import (
     BadRequest,
     Conflict,
@@ -26,10 +28,11 @@ _CREATE_SQL = (
     "SELECT outcome, id, content_type, next_seq, next_pos, closed"
     " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s)"
 )
+# Scalar parameters only: psycopg's per-element type detection for list parameters cost more
+# than the whole SQL function (docs/decisions.md).
 _APPEND_SQL = (
     "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
-    " stream_id FROM ds_append(%s, %s::text[], %s::boolean[], %s::text[], %s::bigint[],"
-    " %s::bigint[], %s::text[], %s::int[], %s::bigint[], %b::bytea[], %s::int[], %s)"
+    " stream_id FROM ds_append(%s, %s::jsonb, %s::int[], %s::int[], %b, %s)"
 )
 
 
@@ -102,23 +105,31 @@ async def append_batch(
 ) -> list[AppendResult | ProtocolError]:
     """Append several requests to one stream in one transaction; one result per request, in
     order, each either a success or the error that request must answer."""
-    data: list[bytes] = []
-    owner: list[int] = []
+    descriptors = []
+    lengths: list[str] = []
+    owners: list[str] = []
     for index, request in enumerate(requests, start=1):
-        data.extend(request.messages)
-        owner.extend([index] * len(request.messages))
+        producer = request.producer
+        descriptors.append(
+            [
+                request.media_type,
+                request.close,
+                producer.producer_id if producer else None,
+                producer.epoch if producer else None,
+                producer.seq if producer else None,
+                request.stream_seq,
+                len(request.messages),
+                request.size,
+            ]
+        )
+        lengths.extend(str(len(message)) for message in request.messages)
+        owners.extend([str(index)] * len(request.messages))
     params = (
         path,
-        [r.media_type for r in requests],
-        [r.close for r in requests],
-        [r.producer.producer_id if r.producer else None for r in requests],
-        [r.producer.epoch if r.producer else None for r in requests],
-        [r.producer.seq if r.producer else None for r in requests],
-        [r.stream_seq for r in requests],
-        [len(r.messages) for r in requests],
-        [r.size for r in requests],
-        data,
-        owner,
+        json.dumps(descriptors),
+        "{" + ",".join(lengths) + "}",
+        "{" + ",".join(owners) + "}",
+        b"".join(message for request in requests for message in request.messages),
         max_stream_bytes,
     )
     pool = await get_pool()

@@ -425,24 +425,21 @@ $$;
 -- request never affects another. Producer checks run in the canonical order (STYLE.md):
 -- epoch (403) -> duplicate (204) -> closed (409) -> gap (409).
 --
--- Per request i: p_media_types[i] is the body's media type (NULL when the body is empty),
--- p_counts[i] its number of messages, p_sizes[i] its bytes; the messages of all requests are
--- p_data in order, and p_owner[j] is the request that message j belongs to.
+-- The batch travels in few, flat parameters (cheap to send from Python):
+--   p_requests: one JSON array per request:
+--       [media type or null (empty body), close, producer id or null, epoch, producer seq,
+--        Stream-Seq or null, message count, byte count]
+--   p_lengths / p_owners: each message's byte length and the request (1-based) it belongs to;
+--   p_data: all messages' bytes, concatenated in order.
 -- Outcomes: appended | duplicate | stale_epoch | epoch_seq_not_zero | sequence_gap |
 --           stream_closed | already_closed | content_type_mismatch | stream_seq_regression |
 --           too_large | not_found | gone
 CREATE OR REPLACE FUNCTION ds_append(
     p_path text,
-    p_media_types text[],
-    p_close boolean[],
-    p_producer_ids text[],
-    p_epochs bigint[],
-    p_producer_seqs bigint[],
-    p_stream_seqs text[],
-    p_counts int[],
-    p_sizes bigint[],
-    p_data bytea[],
-    p_owner int[],
+    p_requests jsonb,
+    p_lengths int[],
+    p_owners int[],
+    p_data bytea,
     p_max_stream_bytes bigint
 )
 RETURNS TABLE (
@@ -452,8 +449,17 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 DECLARE
     s ds_stream;
-    n int := coalesce(array_length(p_counts, 1), 0);
+    n int := jsonb_array_length(p_requests);
     i int;
+    r jsonb;
+    v_media text;
+    v_close boolean;
+    v_producer text;
+    v_req_epoch bigint;
+    v_req_seq bigint;
+    v_req_stream_seq text;
+    v_count int;
+    v_bytes bigint;
     v_accept boolean[] := array_fill(false, ARRAY[n]);
     v_any boolean := false;
     v_seq bigint;
@@ -470,16 +476,15 @@ BEGIN
     SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
     IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
         PERFORM ds_expire(s);
+        outcome := 'not_found';
+    ELSIF NOT FOUND THEN
+        outcome := 'not_found';
+    ELSIF s.deleted_at IS NOT NULL THEN
+        outcome := 'gone';
+    END IF;
+    IF outcome IS NOT NULL THEN
         FOR i IN 1..n LOOP
-            RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::bigint, NULL::boolean,
-                NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint;
-        END LOOP;
-        RETURN;
-    ELSIF NOT FOUND OR s.deleted_at IS NOT NULL THEN
-        FOR i IN 1..n LOOP
-            RETURN QUERY SELECT CASE WHEN s.id IS NULL THEN 'not_found' ELSE 'gone' END,
-                NULL::bigint, NULL::bigint, NULL::boolean, NULL::bigint, NULL::bigint,
-                NULL::bigint, NULL::bigint;
+            RETURN NEXT;
         END LOOP;
         RETURN;
     END IF;
@@ -493,20 +498,30 @@ BEGIN
     v_stream_seq := s.last_stream_seq;
 
     FOR i IN 1..n LOOP
+        r := p_requests -> (i - 1);
+        v_media := r ->> 0;
+        v_close := (r ->> 1)::boolean;
+        v_producer := r ->> 2;
+        v_req_epoch := (r ->> 3)::bigint;
+        v_req_seq := (r ->> 4)::bigint;
+        v_req_stream_seq := r ->> 5;
+        v_count := (r ->> 6)::int;
+        v_bytes := (r ->> 7)::bigint;
         outcome := NULL;
         producer_epoch := NULL;
         producer_seq := NULL;
         expected_seq := NULL;
         v_known := false;
-        IF p_producer_ids[i] IS NOT NULL THEN
+
+        IF v_producer IS NOT NULL THEN
             SELECT p.epoch, p.last_seq INTO v_epoch, v_last
               FROM ds_producer AS p
-             WHERE p.stream_id = s.id AND p.producer_id = p_producer_ids[i];
+             WHERE p.stream_id = s.id AND p.producer_id = v_producer;
             v_known := FOUND;
-            IF v_known AND p_epochs[i] < v_epoch THEN
+            IF v_known AND v_req_epoch < v_epoch THEN
                 outcome := 'stale_epoch';
                 producer_epoch := v_epoch;
-            ELSIF v_known AND p_epochs[i] = v_epoch AND p_producer_seqs[i] <= v_last THEN
+            ELSIF v_known AND v_req_epoch = v_epoch AND v_req_seq <= v_last THEN
                 outcome := 'duplicate';
                 producer_epoch := v_epoch;
                 producer_seq := v_last;
@@ -514,42 +529,42 @@ BEGIN
         END IF;
 
         IF outcome IS NULL AND v_closed THEN
-            IF p_counts[i] = 0 AND p_close[i] THEN
+            IF v_count = 0 AND v_close THEN
                 outcome := 'already_closed';
-            ELSIF p_producer_ids[i] IS NOT NULL
-              AND (p_producer_ids[i], p_epochs[i], p_producer_seqs[i])
+            ELSIF v_producer IS NOT NULL
+              AND (v_producer, v_req_epoch, v_req_seq)
                   = (v_closed_by, v_closed_epoch, v_closed_seq) THEN
                 outcome := 'duplicate';
-                producer_epoch := p_epochs[i];
-                producer_seq := p_producer_seqs[i];
+                producer_epoch := v_req_epoch;
+                producer_seq := v_req_seq;
             ELSE
                 outcome := 'stream_closed';
             END IF;
         END IF;
 
-        IF outcome IS NULL AND p_counts[i] > 0
-           AND p_media_types[i] IS DISTINCT FROM ds_media_type(s.content_type) THEN
+        IF outcome IS NULL AND v_count > 0
+           AND v_media IS DISTINCT FROM ds_media_type(s.content_type) THEN
             outcome := 'content_type_mismatch';
         END IF;
 
-        IF outcome IS NULL AND p_producer_ids[i] IS NOT NULL THEN
-            IF v_known AND p_epochs[i] > v_epoch AND p_producer_seqs[i] <> 0 THEN
+        IF outcome IS NULL AND v_producer IS NOT NULL THEN
+            IF v_known AND v_req_epoch > v_epoch AND v_req_seq <> 0 THEN
                 outcome := 'epoch_seq_not_zero';
-            ELSIF NOT v_known AND p_producer_seqs[i] <> 0 THEN
+            ELSIF NOT v_known AND v_req_seq <> 0 THEN
                 outcome := 'sequence_gap';
                 expected_seq := 0;
-            ELSIF v_known AND p_epochs[i] = v_epoch AND p_producer_seqs[i] > v_last + 1 THEN
+            ELSIF v_known AND v_req_epoch = v_epoch AND v_req_seq > v_last + 1 THEN
                 outcome := 'sequence_gap';
                 expected_seq := v_last + 1;
             END IF;
         END IF;
 
-        IF outcome IS NULL AND p_stream_seqs[i] IS NOT NULL AND v_stream_seq IS NOT NULL
-           AND p_stream_seqs[i] COLLATE "C" <= v_stream_seq COLLATE "C" THEN
+        IF outcome IS NULL AND v_req_stream_seq IS NOT NULL AND v_stream_seq IS NOT NULL
+           AND v_req_stream_seq COLLATE "C" <= v_stream_seq COLLATE "C" THEN
             outcome := 'stream_seq_regression';
         END IF;
 
-        IF outcome IS NULL AND v_pos + p_sizes[i] > p_max_stream_bytes THEN
+        IF outcome IS NULL AND v_pos + v_bytes > p_max_stream_bytes THEN
             outcome := 'too_large';
         END IF;
 
@@ -557,25 +572,25 @@ BEGIN
             outcome := 'appended';
             v_accept[i] := true;
             v_any := true;
-            v_seq := v_seq + p_counts[i];
-            v_pos := v_pos + p_sizes[i];
-            IF p_stream_seqs[i] IS NOT NULL THEN
-                v_stream_seq := p_stream_seqs[i];
+            v_seq := v_seq + v_count;
+            v_pos := v_pos + v_bytes;
+            IF v_req_stream_seq IS NOT NULL THEN
+                v_stream_seq := v_req_stream_seq;
             END IF;
-            IF p_producer_ids[i] IS NOT NULL THEN
+            IF v_producer IS NOT NULL THEN
                 INSERT INTO ds_producer AS p (stream_id, producer_id, epoch, last_seq, updated_at)
-                VALUES (s.id, p_producer_ids[i], p_epochs[i], p_producer_seqs[i], now())
+                VALUES (s.id, v_producer, v_req_epoch, v_req_seq, now())
                 ON CONFLICT ON CONSTRAINT ds_producer_pkey DO UPDATE
                    SET epoch = excluded.epoch, last_seq = excluded.last_seq,
                        updated_at = excluded.updated_at;
-                producer_epoch := p_epochs[i];
-                producer_seq := p_producer_seqs[i];
+                producer_epoch := v_req_epoch;
+                producer_seq := v_req_seq;
             END IF;
-            IF p_close[i] THEN
+            IF v_close THEN
                 v_closed := true;
-                v_closed_by := p_producer_ids[i];
-                v_closed_epoch := p_epochs[i];
-                v_closed_seq := p_producer_seqs[i];
+                v_closed_by := v_producer;
+                v_closed_epoch := v_req_epoch;
+                v_closed_seq := v_req_seq;
             END IF;
         END IF;
 
@@ -589,9 +604,12 @@ BEGIN
     IF v_any THEN
         INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
         SELECT s.id, s.next_seq + row_number() OVER w - 1,
-               s.next_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d,
+               s.next_pos + sum(u.len) OVER w - u.len,
+               substring(p_data FROM (u.start + 1)::int FOR u.len),
                lead(u.owner) OVER w IS DISTINCT FROM u.owner
-          FROM unnest(p_data, p_owner) WITH ORDINALITY AS u(d, owner, ord)
+          FROM (SELECT m.len, m.owner, m.ord,
+                       sum(m.len) OVER (ORDER BY m.ord) - m.len AS start
+                  FROM unnest(p_lengths, p_owners) WITH ORDINALITY AS m(len, owner, ord)) AS u
          WHERE v_accept[u.owner]
         WINDOW w AS (ORDER BY u.ord);
         UPDATE ds_stream AS t
