@@ -37,7 +37,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "rest_framework",
+    "drf_spectacular",
     "streams",
+    "state",
 ]
 
 MIDDLEWARE = [
@@ -129,3 +132,28 @@ DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
 DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
 # Expired streams are deleted on access and by a sweep this often (seconds, per process).
 DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)
+
+# State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
+DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+
+# --- REST API (Django REST framework + drf-spectacular) ------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "streams.rest.Pagination",
+    "EXCEPTION_HANDLER": "streams.rest.exception_handler",
+    # Like the stream endpoints, the API is open; put authentication in front of it (a proxy)
+    # or set these to your scheme. Sessions would also demand CSRF tokens from API clients.
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Durable Streams: catalog and State Protocol API",
+    "DESCRIPTION": (
+        "The stream catalog and server-side materialized State Protocol state. The streams "
+        "themselves are served at /v1/stream/<path> by the Durable Streams protocol."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}

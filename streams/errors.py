@@ -67,3 +67,11 @@ class StreamClosed(Conflict):
             "stream is closed",
             headers={"Stream-Closed": "true", "Stream-Next-Offset": final_offset},
         )
+
+
+class ValidationStale(ServiceUnavailable):
+    """The stream's extra append validation changed while an append was being validated; the
+    server revalidates and retries, and answers 503 only if that keeps happening."""
+
+    def __init__(self) -> None:
+        super().__init__("the stream's validation rules changed; retry the request")

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 
-from streams.errors import MethodNotAllowed, ProtocolError
+from streams.errors import Forbidden, MethodNotAllowed, ProtocolError
+from streams.extensions import READ_ONLY_PATHS
 from streams.http import handlers, live_reads
 from streams.http.request import (
     ClientDisconnected,
@@ -62,6 +63,8 @@ async def stream_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _dispatch(request: Request) -> Response:
+    if request.path in READ_ONLY_PATHS and request.method in ("PUT", "POST", "DELETE"):
+        raise Forbidden("this stream is maintained by the server and is read-only")
     match request.method:
         case "PUT":
             return await handlers.create(request)

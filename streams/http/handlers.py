@@ -6,9 +6,12 @@ answer. Business rules live in the store's SQL functions; wire rules in ``stream
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
-from streams.errors import BadRequest, Conflict, StreamClosed
+from streams.errors import BadRequest, Conflict, StreamClosed, ValidationStale
+from streams.extensions import validate_json_append
 from streams.http.request import Request
 from streams.http.responses import Response
 from streams.protocol import headers as h
@@ -17,6 +20,7 @@ from streams.protocol.offsets import Offset, parse, parse_read_offset
 from streams.store import group_commit, reads, writes
 from streams.store.types import (
     AppendRequest,
+    AppendResult,
     CreateRequest,
     ForkSpec,
     ReadResult,
@@ -24,6 +28,9 @@ from streams.store.types import (
 )
 
 STREAM_ROUTE = "/v1/stream/"
+# Appends revalidated this many times at most when a stream's validation rules change under
+# them (streams.extensions).
+VALIDATION_ATTEMPTS = 3
 NO_STORE = "no-store"
 # PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
@@ -123,31 +130,30 @@ async def append(request: Request) -> Response:
         request.header("producer-seq"),
     )
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    values: list[Any] | None = None
     if body:
         content_type = request.header("content-type")
         if not content_type:
             raise BadRequest("Content-Type is required with a body")
         body_media: str | None = h.media_type(content_type)
-        messages = (
-            await _json_messages(request.path, body_media, body)
-            if h.is_json(body_media)
-            else [body]
-        )
+        if h.is_json(body_media):
+            values, messages = await _json_messages(request.path, body_media, body)
+        else:
+            messages = [body]
     elif close:
         body_media, messages = None, []
     else:
         raise BadRequest("empty body (only a close with Stream-Closed: true may be empty)")
 
-    result = await group_commit.append(
-        AppendRequest(
-            path=request.path,
-            media_type=body_media,
-            messages=messages,
-            close=close,
-            producer=producer,
-            stream_seq=request.header("stream-seq"),
-        )
+    append_request = AppendRequest(
+        path=request.path,
+        media_type=body_media,
+        messages=messages,
+        close=close,
+        producer=producer,
+        stream_seq=request.header("stream-seq"),
     )
+    result = await _append_validated(append_request, values)
     headers = {"Stream-Next-Offset": str(result.next_offset), "Cache-Control": NO_STORE}
     if result.closed:
         headers["Stream-Closed"] = "true"
@@ -159,12 +165,28 @@ async def append(request: Request) -> Response:
     return Response(204, headers)
 
 
-async def _json_messages(path: str, body_media: str, body: bytes) -> list[bytes]:
+async def _append_validated(request: AppendRequest, values: list[Any] | None) -> AppendResult:
+    """Append after the stream's extra validation of JSON messages (streams.extensions); if the
+    rules changed meanwhile, validate again against the new ones."""
+    for attempt in range(VALIDATION_ATTEMPTS):
+        if values is not None:
+            request.validation_version = await validate_json_append(
+                request.path, values, refresh=attempt > 0
+            )
+        try:
+            return await group_commit.append(request)
+        except ValidationStale:
+            if attempt == VALIDATION_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _json_messages(path: str, body_media: str, body: bytes) -> tuple[list[Any], list[bytes]]:
     """Validate and flatten a JSON append. A body that is not valid JSON is a 400, unless the
     stream would refuse the append anyway: missing (404), closed or of another type (409)
     answer first (PROTOCOL.md 5.2, error precedence)."""
     try:
-        return json_mode.messages_for_append(body)
+        return json_mode.flatten_append(body)
     except BadRequest:
         meta = await reads.stream_meta(path, touch=False)
         if meta.closed:

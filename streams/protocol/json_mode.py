@@ -50,15 +50,19 @@ def _skip_whitespace(text: str, index: int) -> int:
     return index
 
 
-def messages_for_append(body: bytes) -> list[bytes]:
-    """The messages a POST stores: an array is flattened one level; ``[]`` is a 400
-    (PROTOCOL.md 9.1.2, 9.1.3)."""
+def flatten_append(body: bytes) -> tuple[list[Any], list[bytes]]:
+    """The messages a POST stores, decoded and encoded: an array is flattened one level;
+    ``[]`` is a 400 (PROTOCOL.md 9.1.2, 9.1.3)."""
     value = parse_body(body)
     if isinstance(value, list):
         if not value:
             raise BadRequest("an append must not be an empty JSON array")
-        return [_encode(item) for item in value]
-    return [_encode(value)]
+        return value, [_encode(item) for item in value]
+    return [value], [_encode(value)]
+
+
+def messages_for_append(body: bytes) -> list[bytes]:
+    return flatten_append(body)[1]
 
 
 def messages_for_create(body: bytes) -> list[bytes]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from streams import live
+from streams import extensions, live
 from streams.errors import ProtocolError
 from streams.store.types import AppendRequest, AppendResult
 from streams.store.writes import append_batch
@@ -89,7 +89,7 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            _publish(results)
+            _publish(requests, results)
             for (_, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -103,11 +103,16 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
             del _queues[path]
 
 
-def _publish(results: list[AppendResult | ProtocolError]) -> None:
-    """Wake this process's readers at once; other processes hear the NOTIFY."""
+def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
+    """Wake this process's readers at once (other processes hear the NOTIFY), and tell the
+    append listeners about streams with extra rules (streams.extensions)."""
     last = None
-    for result in results:
+    validated = False
+    for request, result in zip(batch, results, strict=True):
         if isinstance(result, AppendResult) and not result.duplicate:
             last = result
+            validated = validated or request.validation_version is not None
     if last is not None:
         live.hub.publish(last.stream_id, last.next_offset.seq, last.closed)
+        if validated:
+            extensions.appended(last.stream_id)

@@ -89,6 +89,8 @@ class AppendRequest:
     close: bool = False
     producer: ProducerTuple | None = None
     stream_seq: str | None = None
+    # Version of the extra validation the messages passed (streams.extensions), or None.
+    validation_version: int | None = None
     size: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,12 @@ succeeds; data, tail, producer ledger and closure commit together.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from typing import Any
+
+from psycopg import errors
 
 from streams.errors import (
     BadRequest,
@@ -19,10 +24,13 @@ from streams.errors import (
     PayloadTooLarge,
     ProtocolError,
     StreamClosed,
+    ValidationStale,
 )
 from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
 from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
+
+logger = logging.getLogger(__name__)
 
 _CREATE_SQL = (
     "SELECT outcome, id, content_type, next_seq, next_pos, closed"
@@ -34,6 +42,26 @@ _APPEND_SQL = (
     "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
     " stream_id FROM ds_append(%s, %s::jsonb, %s::int[], %s::int[], %b, %s)"
 )
+
+
+# A deadlock or serialization failure aborts the whole one-statement transaction; running the
+# statement again is safe. Lock order (stream rows, then the __registry__ row) makes them rare.
+RETRIES = 5
+
+
+async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    pool = await get_pool()
+    for attempt in range(RETRIES):
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchall()
+        except (errors.DeadlockDetected, errors.SerializationFailure):
+            if attempt == RETRIES - 1:
+                raise
+            logger.warning("retrying a write after a lock conflict (attempt %d)", attempt + 1)
+            await asyncio.sleep(0.005 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> CreateResult:
@@ -51,11 +79,7 @@ async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> Cre
         fork.offset.pos if fork and fork.offset else None,
         fork.sub_offset if fork else 0,
     )
-    pool = await get_pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute(_CREATE_SQL, params)
-        row = await cur.fetchone()
-    assert row is not None
+    (row,) = await _execute(_CREATE_SQL, params)
     outcome, stream_id, content_type, next_seq, next_pos, closed = row
     if outcome in ("created", "exists"):
         return CreateResult(
@@ -88,12 +112,8 @@ def _create_error(outcome: str) -> ProtocolError:
 
 
 async def delete_stream(path: str) -> None:
-    pool = await get_pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT ds_delete(%s)", (path,))
-        row = await cur.fetchone()
-    assert row is not None
-    match row[0]:
+    ((outcome,),) = await _execute("SELECT ds_delete(%s)", (path,))
+    match outcome:
         case "not_found":
             raise NotFound("stream not found")
         case "gone":
@@ -120,6 +140,7 @@ async def append_batch(
                 request.stream_seq,
                 len(request.messages),
                 request.size,
+                request.validation_version,
             ]
         )
         lengths.extend(str(len(message)) for message in request.messages)
@@ -132,10 +153,7 @@ async def append_batch(
         b"".join(message for request in requests for message in request.messages),
         max_stream_bytes,
     )
-    pool = await get_pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute(_APPEND_SQL, params)
-        rows = await cur.fetchall()
+    rows = await _execute(_APPEND_SQL, params)
     return [_append_result(request, row) for request, row in zip(requests, rows, strict=True)]
 
 
@@ -191,4 +209,6 @@ def _append_result(request: AppendRequest, row: tuple) -> AppendResult | Protoco
             return Conflict("Stream-Seq must be greater than the last one appended")
         case "too_large":
             return PayloadTooLarge("append would exceed the stream size limit")
+        case "validation_stale":
+            return ValidationStale()
     raise AssertionError(f"unexpected append outcome {outcome!r}")

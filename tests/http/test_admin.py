@@ -127,3 +127,45 @@ def test_admin_is_read_only_and_deletes_through_the_protocol(
     assert response.status_code == 200
     assert "1 deleted" in response.text
     assert client.get(f"/v1/stream/{path}").status_code == 404
+
+
+def test_admin_shows_state_streams_and_entities(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    """State streams with schemas and materialized offset; entities filterable by stream and
+    type, searchable by key, values as pretty JSON."""
+    path = f"admin/{time.time_ns()}/state"
+    client.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"})
+    events = [
+        {
+            "type": "user",
+            "key": "u-1",
+            "value": {"name": "Ada"},
+            "headers": {"operation": "insert"},
+        },
+        {"type": "team", "key": "t-1", "value": {"size": 3}, "headers": {"operation": "insert"}},
+    ]
+    client.post(f"/v1/stream/{path}", headers={"Content-Type": "application/json"}, json=events)
+    registered = client.post(
+        "/v1/state/streams",
+        json={"stream": path, "schemas": {"user": {"type": "object"}}},
+    )
+    assert registered.status_code == 201
+
+    streams = admin_client.get("/admin/state/statestream/", params={"q": path})
+    assert path in streams.text and registered.json()["materialized_offset"] in streams.text
+    stream_id = re.search(r'href="/admin/state/statestream/(\d+)/change/', streams.text)
+    assert stream_id is not None
+    detail = admin_client.get(f"/admin/state/statestream/{stream_id.group(1)}/change/")
+    assert "&quot;type&quot;: &quot;object&quot;" in detail.text  # schemas, pretty-printed
+
+    users = admin_client.get(
+        "/admin/state/entitystate/", params={"stream": stream_id.group(1), "type": "user"}
+    )
+    assert "u-1" in users.text and "t-1" not in users.text
+    found = admin_client.get("/admin/state/entitystate/", params={"q": "t-1"})
+    assert "t-1" in found.text
+    entity_id = re.search(r'href="/admin/state/entitystate/(\d+)/change/', users.text)
+    assert entity_id is not None
+    entity = admin_client.get(f"/admin/state/entitystate/{entity_id.group(1)}/change/")
+    assert "&quot;name&quot;: &quot;Ada&quot;" in entity.text

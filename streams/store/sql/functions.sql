@@ -14,6 +14,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT lower(btrim(split_part(p_content_type, ';', 1)))
 $$;
 
+-- Extension points. Other apps' SQL files, installed after this one in the same transaction,
+-- replace these no-ops (state/ records the __registry__ stream and materializes state).
+-- ds_hook_created / ds_hook_deleted: a stream appeared / disappeared for clients (created;
+-- deleted, soft-deleted or expired). ds_hook_appended: messages [p_from_seq, p_to_seq) were
+-- appended to s. ds_hook_validation_version: the version of the extra validation appends to
+-- the stream must have passed (NULL: none); a request validated against another version is
+-- refused as `validation_stale` and revalidated by the server.
+CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END; $$;
+CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END; $$;
+CREATE OR REPLACE FUNCTION ds_hook_appended(s ds_stream, p_from_seq bigint, p_to_seq bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END; $$;
+CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT NULL::bigint $$;
+
 -- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1)
 CREATE OR REPLACE FUNCTION ds_is_expired(s ds_stream) RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -64,9 +81,11 @@ BEGIN
     ELSIF s.fork_refcount > 0 THEN
         UPDATE ds_stream SET deleted_at = now() WHERE id = s.id;
         PERFORM pg_notify('ds_streams', s.id || ':-1:d');
+        PERFORM ds_hook_deleted(s);
         RETURN 'soft_deleted';
     END IF;
     PERFORM ds_remove(s.id);
+    PERFORM ds_hook_deleted(s);
     RETURN 'deleted';
 END;
 $$;
@@ -82,6 +101,7 @@ BEGIN
     ELSE
         PERFORM ds_remove(s.id);
     END IF;
+    PERFORM ds_hook_deleted(s);
 END;
 $$;
 
@@ -384,6 +404,8 @@ BEGIN
     IF v_seq <> v_anchor_seq THEN
         UPDATE ds_stream AS t SET next_seq = v_seq, next_pos = v_pos WHERE t.id = v_id;
     END IF;
+    SELECT * INTO s FROM ds_stream AS t WHERE t.id = v_id;
+    PERFORM ds_hook_created(s);
     RETURN QUERY SELECT 'created', v_id, v_type, v_seq, v_pos, p_closed;
 END;
 $$;
@@ -428,12 +450,12 @@ $$;
 -- The batch travels in few, flat parameters (cheap to send from Python):
 --   p_requests: one JSON array per request:
 --       [media type or null (empty body), close, producer id or null, epoch, producer seq,
---        Stream-Seq or null, message count, byte count]
+--        Stream-Seq or null, message count, byte count, validation version or null]
 --   p_lengths / p_owners: each message's byte length and the request (1-based) it belongs to;
 --   p_data: all messages' bytes, concatenated in order.
 -- Outcomes: appended | duplicate | stale_epoch | epoch_seq_not_zero | sequence_gap |
 --           stream_closed | already_closed | content_type_mismatch | stream_seq_regression |
---           too_large | not_found | gone
+--           too_large | not_found | gone | validation_stale
 CREATE OR REPLACE FUNCTION ds_append(
     p_path text,
     p_requests jsonb,
@@ -472,6 +494,7 @@ DECLARE
     v_known boolean;
     v_epoch bigint;
     v_last bigint;
+    v_validation bigint;
 BEGIN
     SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
     IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
@@ -496,6 +519,7 @@ BEGIN
     v_closed_epoch := s.closed_by_epoch;
     v_closed_seq := s.closed_by_seq;
     v_stream_seq := s.last_stream_seq;
+    v_validation := ds_hook_validation_version(s.id);
 
     FOR i IN 1..n LOOP
         r := p_requests -> (i - 1);
@@ -513,7 +537,9 @@ BEGIN
         expected_seq := NULL;
         v_known := false;
 
-        IF v_producer IS NOT NULL THEN
+        IF v_count > 0 AND (r ->> 8)::bigint IS DISTINCT FROM v_validation THEN
+            outcome := 'validation_stale';
+        ELSIF v_producer IS NOT NULL THEN
             SELECT p.epoch, p.last_seq INTO v_epoch, v_last
               FROM ds_producer AS p
              WHERE p.stream_id = s.id AND p.producer_id = v_producer;
@@ -612,6 +638,9 @@ BEGIN
                   FROM unnest(p_lengths, p_owners) WITH ORDINALITY AS m(len, owner, ord)) AS u
          WHERE v_accept[u.owner]
         WINDOW w AS (ORDER BY u.ord);
+        IF v_seq > s.next_seq THEN
+            PERFORM ds_hook_appended(s, s.next_seq, v_seq);
+        END IF;
         UPDATE ds_stream AS t
            SET next_seq = v_seq, next_pos = v_pos, closed = v_closed,
                closed_by_producer = v_closed_by, closed_by_epoch = v_closed_epoch,

@@ -1,0 +1,96 @@
+"""REST API of the state app: registrations and materialized entities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from state.api.serializers import (
+    EntitySerializer,
+    RegistrationRequestSerializer,
+    StateStreamSerializer,
+)
+from state.models import EntityState, StateStream
+from state.services import catch_up, register_state_stream, unregister_state_stream
+from streams.errors import BadRequest, NotFound
+
+
+class StateStreamList(generics.ListAPIView):
+    """State streams, each with the offset its entities are materialized to.
+
+    POST registers a JSON stream (201; 200 when the same registration exists; 404 unknown
+    stream; 409 not a JSON stream, or registered with other schemas) and materializes what
+    it already holds."""
+
+    serializer_class = StateStreamSerializer
+    queryset = StateStream.objects.select_related("stream").order_by("stream__path")
+
+    @extend_schema(request=RegistrationRequestSerializer, responses=StateStreamSerializer)
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        payload = RegistrationRequestSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        registered = register_state_stream(
+            path=payload.validated_data["stream"], schemas=payload.validated_data["schemas"]
+        )
+        return Response(
+            StateStreamSerializer(registered.registration).data,
+            status=status.HTTP_201_CREATED if registered.created else status.HTTP_200_OK,
+        )
+
+
+class StateStreamDetail(generics.RetrieveDestroyAPIView):
+    """One registration. DELETE drops it and its materialized state (the stream stays)."""
+
+    serializer_class = StateStreamSerializer
+
+    def get_object(self) -> StateStream:
+        registration = (
+            StateStream.objects.select_related("stream")
+            .filter(stream__path=self.kwargs["stream"])
+            .first()
+        )
+        if registration is None:
+            raise NotFound(f"stream {self.kwargs['stream']!r} is not a state stream")
+        if catch_up(registration.pk):
+            registration.refresh_from_db()
+        return registration
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        unregister_state_stream(path=self.kwargs["stream"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(
+    parameters=[
+        OpenApiParameter("stream", OpenApiTypes.STR, required=True, description="Stream path"),
+        OpenApiParameter("type", OpenApiTypes.STR, description="Entity type"),
+        OpenApiParameter("key", OpenApiTypes.STR, description="Entity key"),
+    ]
+)
+class EntityList(generics.ListAPIView):
+    """The materialized state of a state stream: entities by type and key. It reflects every
+    append acknowledged before the request (the stream is caught up first)."""
+
+    serializer_class = EntitySerializer
+
+    def get_queryset(self) -> QuerySet[EntityState]:
+        params = self.request.query_params
+        path = params.get("stream")
+        if not path:
+            raise BadRequest("the stream query parameter is required")
+        registration = StateStream.objects.filter(stream__path=path).first()
+        if registration is None:
+            raise NotFound(f"stream {path!r} is not a state stream")
+        catch_up(registration.pk)  # read-your-writes: reflect every acknowledged append
+        entities = EntityState.objects.filter(stream_id=registration.pk)
+        if params.get("type") is not None:
+            entities = entities.filter(entity_type=params["type"])
+        if params.get("key") is not None:
+            entities = entities.filter(key=params["key"])
+        return entities.order_by("entity_type", "key")

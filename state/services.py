@@ -1,0 +1,107 @@
+"""Services of the state app: registering and unregistering state streams.
+
+Each runs in one transaction holding the stream's row lock, the same lock appends take, so a
+registration and its backfill see the stream at one exact tail and no append slips between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
+from jsonschema.exceptions import SchemaError
+
+from state.materializer import Progress, RebuildResult, rebuild
+from state.models import EntityState, StateStream
+from state.registry import REGISTRY_PATH
+from state.validation import compile_schemas
+from streams.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
+from streams.models import Stream
+from streams.protocol.headers import JSON, media_type
+
+
+@dataclass(frozen=True)
+class Registered:
+    registration: StateStream
+    created: bool
+    rebuilt: RebuildResult | None
+
+
+def locked_stream(path: str) -> Stream:
+    """The live stream at ``path``, row-locked until the transaction ends."""
+    stream = (
+        Stream.objects.select_for_update()
+        .annotate(expired=RawSQL("ds_is_expired(ds_stream.*)", []))
+        .filter(path=path)
+        .first()
+    )
+    if stream is None or stream.expired:  # type: ignore[attr-defined]
+        raise NotFound(f"stream {path!r} not found")
+    if stream.deleted_at is not None:
+        raise Gone(f"stream {path!r} was deleted")
+    return stream
+
+
+def _next_version() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval('ds_state_version')")
+        return cursor.fetchone()[0]
+
+
+def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
+    """Register a JSON stream as a state stream and materialize what it already holds.
+    The same registration again is a no-op; a different one is a conflict."""
+    if not isinstance(schemas, dict):
+        raise BadRequest("schemas must be an object mapping entity types to JSON Schemas")
+    try:
+        compile_schemas(schemas)
+    except SchemaError as exc:
+        raise BadRequest(f"invalid JSON Schema: {exc.message}") from None
+    with transaction.atomic():
+        stream = locked_stream(path)
+        if media_type(stream.content_type) != JSON:
+            raise Conflict(f"stream {path!r} is {stream.content_type}, not application/json")
+        existing = StateStream.objects.filter(stream=stream).first()
+        if existing is not None:
+            if existing.schemas != schemas:
+                raise Conflict(f"stream {path!r} is already registered with other schemas")
+            return Registered(existing, created=False, rebuilt=None)
+        registration = StateStream.objects.create(
+            stream=stream, schemas=schemas, version=_next_version()
+        )
+        result = rebuild(registration)
+    return Registered(registration, created=True, rebuilt=result)
+
+
+def unregister_state_stream(*, path: str) -> None:
+    """Drop a registration and its materialized state (the stream itself stays)."""
+    if path == REGISTRY_PATH:
+        raise Forbidden("the registry is always a state stream")
+    with transaction.atomic():
+        stream = locked_stream(path)
+        deleted, _ = StateStream.objects.filter(stream=stream).delete()
+        if not deleted:
+            raise NotFound(f"stream {path!r} is not a state stream")
+        EntityState.objects.filter(stream=stream).delete()
+
+
+def rebuild_state_stream(*, path: str, progress: Progress | None = None) -> RebuildResult:
+    """Recompute a registered stream's state from its first message."""
+    with transaction.atomic():
+        stream = locked_stream(path)
+        registration = StateStream.objects.filter(stream=stream).first()
+        if registration is None:
+            raise NotFound(f"stream {path!r} is not a state stream")
+        registration.stream = stream
+        return rebuild(registration, progress)
+
+
+def catch_up(stream_id: int) -> int:
+    """Materialize everything appended to a state stream so far, waiting for a run already in
+    progress; returns the messages applied. After it, the entities reflect every append
+    acknowledged before the call."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ds_state_catch_up(%s, NULL, true)", [stream_id])
+        return cursor.fetchone()[0]

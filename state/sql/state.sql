@@ -1,0 +1,193 @@
+-- State Protocol in the database (installed after streams/store/sql/, replacing its hooks).
+--
+-- * A registered state stream's entities are materialized from its messages by
+--   ds_state_catch_up, in stream order and exactly once: each run applies the messages after
+--   `materialized_seq` and advances it in the same transaction, under the registration's row
+--   lock. Server processes run it right after appends commit (state/live.py), off the
+--   append's critical section, and the state API runs it before answering, so an acknowledged
+--   append is always reflected there (read-your-writes). Events reaching this code were
+--   validated before their append (state/validation.py); the Python rebuild
+--   (state/materializer.py) handles history that predates a registration.
+-- * Every stream create and delete is recorded in the __registry__ stream, as a State Protocol
+--   event, in the same transaction (and materialized at once: one small event). The registry
+--   row is always the LAST row a transaction locks, so these records cannot deadlock with the
+--   stream locks taken before them.
+
+CREATE OR REPLACE FUNCTION ds_rfc3339(p_moment timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT to_char(p_moment AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+-- Apply messages [p_from_seq, p_to_seq) of a registered stream's own rows to its entities:
+-- only events after the last reset count (a reset clears the state), and per (type, key) the
+-- last change wins: deleted, or set to its value with the offset of the event.
+-- The last change per key is collected into arrays first, then upserted in one statement and
+-- deleted key by key through the unique index: a join of the deletes against ds_entity is
+-- planned from stale row estimates (a stream's entities grow quickly) and can turn into a
+-- scan of every entity of the stream per append.
+CREATE OR REPLACE FUNCTION ds_state_apply(p_stream_id bigint, p_from_seq bigint, p_to_seq bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_reset bigint;
+    v_from bigint := p_from_seq;
+    v_to_pos bigint;
+    v_types text[];
+    v_keys text[];
+    v_deleted boolean[];
+    v_values jsonb[];
+    v_offsets text[];
+    i int;
+BEGIN
+    IF p_to_seq <= p_from_seq THEN
+        RETURN;
+    END IF;
+    SELECT max(m.seq) INTO v_reset FROM ds_message AS m
+     WHERE m.stream_id = p_stream_id AND m.seq >= p_from_seq AND m.seq < p_to_seq
+       AND position('"reset"'::bytea IN m.data) > 0
+       AND convert_from(m.data, 'UTF8')::jsonb -> 'headers' ->> 'control' = 'reset';
+    IF v_reset IS NOT NULL THEN
+        DELETE FROM ds_entity WHERE stream_id = p_stream_id;
+        v_from := v_reset + 1;
+    END IF;
+
+    SELECT array_agg(l.t), array_agg(l.k), array_agg(l.op = 'delete'),
+           array_agg(coalesce(l.v, 'null'::jsonb)),
+           array_agg(lpad(l.seq::text, 16, '0') || '_' || lpad(l.pos::text, 16, '0'))
+      INTO v_types, v_keys, v_deleted, v_values, v_offsets
+      FROM (
+        SELECT DISTINCT ON (e ->> 'type', e ->> 'key')
+               e ->> 'type' AS t, e ->> 'key' AS k, e -> 'headers' ->> 'operation' AS op,
+               e -> 'value' AS v, seq, pos
+          FROM (SELECT m.seq, m.pos, convert_from(m.data, 'UTF8')::jsonb AS e
+                  FROM ds_message AS m
+                 WHERE m.stream_id = p_stream_id AND m.seq >= v_from AND m.seq < p_to_seq
+                OFFSET 0  -- parse each event once, not once per use of `e`
+               ) AS events
+         WHERE e -> 'headers' ? 'operation'
+         ORDER BY e ->> 'type', e ->> 'key', seq DESC
+      ) AS l;
+
+    IF v_types IS NOT NULL THEN
+        INSERT INTO ds_entity (stream_id, type, key, value, event_offset)
+        SELECT p_stream_id, u.t, u.k, u.v, u.o
+          FROM unnest(v_types, v_keys, v_deleted, v_values, v_offsets) AS u(t, k, d, v, o)
+         WHERE NOT u.d
+        ON CONFLICT ON CONSTRAINT ds_entity_identity
+        DO UPDATE SET value = excluded.value, event_offset = excluded.event_offset;
+        FOR i IN 1..array_length(v_types, 1) LOOP
+            IF v_deleted[i] THEN
+                DELETE FROM ds_entity
+                 WHERE stream_id = p_stream_id AND type = v_types[i] AND key = v_keys[i];
+            END IF;
+        END LOOP;
+    END IF;
+
+    SELECT m.pos + octet_length(m.data) INTO v_to_pos FROM ds_message AS m
+     WHERE m.stream_id = p_stream_id AND m.seq = p_to_seq - 1;
+    UPDATE ds_state_stream
+       SET materialized_seq = p_to_seq, materialized_pos = coalesce(v_to_pos, materialized_pos)
+     WHERE stream_id = p_stream_id;
+END;
+$$;
+
+-- The registry's event for a stream that appeared (insert) or disappeared (delete).
+CREATE OR REPLACE FUNCTION ds_registry_event(s ds_stream, p_operation text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'type', 'stream',
+        'key', s.path,
+        'value', CASE WHEN p_operation = 'insert' THEN jsonb_build_object(
+            'path', s.path,
+            'contentType', s.content_type,
+            'createdAt', ds_rfc3339(s.created_at)) END,
+        'headers', jsonb_build_object('operation', p_operation, 'timestamp', ds_rfc3339(now()))
+    ))
+$$;
+
+-- Append one event to __registry__ (and materialize it: the registry is a state stream).
+CREATE OR REPLACE FUNCTION ds_registry_append(p_event jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r ds_stream;
+    v_data bytea := convert_to(p_event::text, 'UTF8');
+BEGIN
+    SELECT * INTO r FROM ds_stream WHERE path = '__registry__' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+    VALUES (r.id, r.next_seq, r.next_pos, v_data, true);
+    PERFORM ds_state_apply(r.id, r.next_seq, r.next_seq + 1);
+    UPDATE ds_stream
+       SET next_seq = r.next_seq + 1, next_pos = r.next_pos + octet_length(v_data)
+     WHERE id = r.id;
+    PERFORM pg_notify('ds_streams', r.id || ':' || (r.next_seq + 1) || ':o');
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.path <> '__registry__' THEN
+        PERFORM ds_registry_append(ds_registry_event(s, 'insert'));
+    END IF;
+END;
+$$;
+
+-- A stream's state goes with it (soft delete included: clients no longer see the stream).
+CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM ds_entity WHERE stream_id = s.id;
+    DELETE FROM ds_state_stream WHERE stream_id = s.id;
+    IF s.path <> '__registry__' THEN
+        PERFORM ds_registry_append(ds_registry_event(s, 'delete'));
+    END IF;
+END;
+$$;
+
+-- Bring a state stream's entities up to its tail, at most p_limit messages per call (NULL:
+-- all). p_wait: wait for a concurrent run to finish (readers who need their writes), or skip
+-- the stream when one is running (background runs). Returns the messages applied.
+CREATE OR REPLACE FUNCTION ds_state_catch_up(p_stream_id bigint, p_limit bigint, p_wait boolean)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    r ds_state_stream;
+    v_tail bigint;
+    v_to bigint;
+BEGIN
+    IF p_wait THEN
+        SELECT * INTO r FROM ds_state_stream WHERE stream_id = p_stream_id FOR UPDATE;
+    ELSE
+        SELECT * INTO r FROM ds_state_stream WHERE stream_id = p_stream_id
+           FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT next_seq INTO v_tail FROM ds_stream WHERE id = p_stream_id;
+    v_to := CASE WHEN p_limit IS NULL THEN v_tail
+                 ELSE least(v_tail, r.materialized_seq + p_limit) END;
+    IF v_to <= r.materialized_seq THEN
+        RETURN 0;
+    END IF;
+    PERFORM ds_state_apply(p_stream_id, r.materialized_seq, v_to);
+    RETURN v_to - r.materialized_seq;
+END;
+$$;
+
+-- State streams whose entities are behind their tail (for the periodic sweep).
+CREATE OR REPLACE FUNCTION ds_state_lagging(p_limit int) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT r.stream_id FROM ds_state_stream AS r JOIN ds_stream AS s ON s.id = r.stream_id
+     WHERE r.materialized_seq < s.next_seq
+     ORDER BY s.next_seq - r.materialized_seq DESC
+     LIMIT p_limit
+$$;
+
+CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT version FROM ds_state_stream WHERE stream_id = p_stream_id
+$$;
