@@ -21,7 +21,7 @@ from django.db import connection
 from state.core import InvalidEvent, MaterializedState, parse_event
 from state.core.events import ChangeEvent
 from state.models import StateStream
-from state.validation import compile_schemas, schema_error
+from state.validation import compile_schemas, schema_error, unstorable
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
 
@@ -79,7 +79,7 @@ def rebuild(registration: StateStream, progress: Progress | None = None) -> Rebu
         except (ValueError, InvalidEvent) as exc:  # not JSON, or not a State Event
             reason: str | None = str(exc)
         else:
-            reason = schema_error(event, validators)
+            reason = schema_error(event, validators) or unstorable(data)
         if reason is not None:
             invalid += 1
             last_error = f"event at offset {offset}: {reason}"

@@ -11,6 +11,7 @@ the caller asks again with ``refresh=True``, which reloads the registration from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +122,43 @@ def validate_events(values: list[Any], validators: dict[str, SchemaValidator]) -
             raise BadRequest(f"event {index}: {reason}")
 
 
-async def validate_state_append(path: str, values: list[Any], refresh: bool) -> int | None:
+async def validate_state_append(
+    path: str, values: list[Any], messages: list[bytes], refresh: bool
+) -> int | None:
     registration = await _load(path) if refresh else _registrations.get(path)
     if registration is None:
         return None
-    validate_events(values, registration.validators)
+    try:
+        _validate_append(values, messages, registration.validators)
+    except BadRequest:
+        if refresh:
+            raise
+        # Refused by cached rules: make sure they are still the stream's before answering.
+        registration = await _load(path)
+        if registration is None:
+            return None
+        _validate_append(values, messages, registration.validators)
     return registration.version
+
+
+def _validate_append(
+    values: list[Any], messages: list[bytes], validators: dict[str, SchemaValidator]
+) -> None:
+    validate_events(values, validators)
+    for index, message in enumerate(messages):
+        reason = unstorable(message)
+        if reason is not None:
+            raise BadRequest(f"event {index}: {reason}")
+
+
+# JSON that PostgreSQL's jsonb cannot hold: the NUL character and unpaired surrogates. Our JSON
+# encoder writes both as \u escapes (streams.protocol.json_mode), so a byte search finds them:
+# a backslash-u that is not itself escaped, followed by 0000 or a surrogate.
+_UNSTORABLE = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})")
+
+
+def unstorable(message: bytes) -> str | None:
+    """Why an encoded event cannot be materialized, or None."""
+    if _UNSTORABLE.search(message):
+        return "state events cannot contain NUL characters or unpaired surrogates"
+    return None

@@ -1,8 +1,9 @@
 """Extension points of the streams app, for apps built on it (the state app uses all three).
 
 * An append validator: extra validation of JSON appends. It gets the stream path and the
-  decoded messages of one append; it raises a ``ProtocolError`` (400) to refuse the append, or
-  returns the version of the rules it applied (None: the stream has no extra rules). The write
+  messages of one append, decoded and as they will be stored; it raises a ``ProtocolError``
+  (400) to refuse the append, or returns the version of the rules it applied (None: the stream
+  has no extra rules). The write
   path stores the append only if that version is still current, so an append can never slip
   past rules that changed while it was being validated. ``refresh`` asks the validator to
   reload its rules (after the write path reported them stale).
@@ -20,7 +21,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-AppendValidator = Callable[[str, list[Any], bool], Awaitable[int | None]]
+AppendValidator = Callable[[str, list[Any], list[bytes], bool], Awaitable[int | None]]
 AppendListener = Callable[[int], None]
 
 _validator: AppendValidator | None = None
@@ -33,10 +34,12 @@ def set_validator(validator: AppendValidator) -> None:
     _validator = validator
 
 
-async def validate_json_append(path: str, values: list[Any], *, refresh: bool) -> int | None:
+async def validate_json_append(
+    path: str, values: list[Any], messages: list[bytes], *, refresh: bool
+) -> int | None:
     if _validator is None:
         return None
-    return await _validator(path, values, refresh)
+    return await _validator(path, values, messages, refresh)
 
 
 def add_append_listener(listener: AppendListener) -> None:

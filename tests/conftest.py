@@ -110,6 +110,22 @@ def django_db_modify_db_settings() -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(
+    django_test_environment: None, django_db_blocker: Any, django_db_modify_db_settings: None
+) -> Iterator[None]:
+    """Create and migrate the throwaway test database for the whole session, whether or not
+    any test uses Django's ORM (pytest-django would only do it for `django_db` tests: the
+    servers under test need it regardless)."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        databases = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(databases, verbosity=0)
+
+
+@pytest.fixture(scope="session")
 def database_url(django_db_setup: None, django_db_blocker: Any) -> str:
     """URL of the migrated throwaway test database."""
     from django.db import connection

@@ -57,8 +57,8 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
         )
         if registration is None:
             raise NotFound(f"stream {self.kwargs['stream']!r} is not a state stream")
-        if catch_up(registration.pk):
-            registration.refresh_from_db()
+        catch_up(registration.pk)  # report where the state is now, not before the last append
+        registration.refresh_from_db()
         return registration
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:

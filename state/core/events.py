@@ -20,6 +20,7 @@ Control = Literal["snapshot-start", "snapshot-end", "up-to-date", "reset"]
 
 # RFC 3339 date-time (STATE-PROTOCOL.md 5.1: headers.timestamp).
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_LEAP_SECOND = re.compile(r"(T\d{2}:\d{2}):60")
 # Offsets never contain these (PROTOCOL.md 8).
 _OFFSET_FORBIDDEN = re.compile(r"[,&=?/]")
 
@@ -97,8 +98,10 @@ def _timestamp(headers: dict[str, Any]) -> str | None:
         return None
     if not _RFC3339.fullmatch(value):
         raise InvalidEvent("headers.timestamp must be an RFC 3339 timestamp")
+    # RFC 3339 allows a leap second (:60), which datetime cannot represent: check it as :59.
+    candidate = _LEAP_SECOND.sub(r"\1:59", value.upper().replace(" ", "T"))
     try:
-        datetime.fromisoformat(value.upper().replace(" ", "T"))
+        datetime.fromisoformat(candidate)
     except ValueError:
         raise InvalidEvent("headers.timestamp is not a valid date and time") from None
     return value

@@ -173,8 +173,39 @@ BEGIN
     IF v_to <= r.materialized_seq THEN
         RETURN 0;
     END IF;
-    PERFORM ds_state_apply(p_stream_id, r.materialized_seq, v_to);
+    BEGIN
+        PERFORM ds_state_apply(p_stream_id, r.materialized_seq, v_to);
+    EXCEPTION WHEN others THEN
+        -- An event PostgreSQL cannot store got past validation: never let it block the
+        -- stream. Apply the range one event at a time, skipping and recording failures.
+        PERFORM ds_state_apply_each(p_stream_id, r.materialized_seq, v_to);
+    END;
     RETURN v_to - r.materialized_seq;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_state_apply_each(
+    p_stream_id bigint, p_from_seq bigint, p_to_seq bigint
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    m record;
+BEGIN
+    FOR m IN SELECT seq, pos, octet_length(data) AS size FROM ds_message
+              WHERE stream_id = p_stream_id AND seq >= p_from_seq AND seq < p_to_seq
+              ORDER BY seq
+    LOOP
+        BEGIN
+            PERFORM ds_state_apply(p_stream_id, m.seq, m.seq + 1);
+        EXCEPTION WHEN others THEN
+            UPDATE ds_state_stream
+               SET materialized_seq = m.seq + 1, materialized_pos = m.pos + m.size,
+                   invalid_events = invalid_events + 1,
+                   last_error = 'event at offset ' || lpad(m.seq::text, 16, '0') || '_'
+                                || lpad(m.pos::text, 16, '0') || ': ' || SQLERRM
+             WHERE stream_id = p_stream_id;
+        END;
+    END LOOP;
 END;
 $$;
 

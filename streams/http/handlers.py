@@ -171,7 +171,7 @@ async def _append_validated(request: AppendRequest, values: list[Any] | None) ->
     for attempt in range(VALIDATION_ATTEMPTS):
         if values is not None:
             request.validation_version = await validate_json_append(
-                request.path, values, refresh=attempt > 0
+                request.path, values, request.messages, refresh=attempt > 0
             )
         try:
             return await group_commit.append(request)

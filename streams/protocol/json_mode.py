@@ -7,6 +7,7 @@ inside ``[`` ``]`` with no re-encoding on the read path.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from streams.errors import BadRequest
@@ -16,7 +17,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_decoder = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON but no double: it would come back as Infinity, which is not JSON.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _encode(value: Any) -> bytes:

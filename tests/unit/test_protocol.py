@@ -141,7 +141,18 @@ class TestJsonMode:
         assert json_mode.messages_for_create(b"") == []
 
     @pytest.mark.parametrize(
-        "body", [b"{ invalid json }", b"NaN", b"[1, Infinity]", b"\xff\xfe", b"{} {}", b"", b"[1,]"]
+        "body",
+        [
+            b"{ invalid json }",
+            b"NaN",
+            b"[1, Infinity]",
+            b"\xff\xfe",
+            b"{} {}",
+            b"",
+            b"[1,]",
+            b"1e400",
+            b"[-1e999]",
+        ],
     )
     def test_invalid_json(self, body: bytes) -> None:
         with pytest.raises(BadRequest):
