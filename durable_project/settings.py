@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "streams",
     "state",
+    "yjs",
 ]
 
 MIDDLEWARE = [
@@ -135,6 +136,16 @@ DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+
+# --- Yjs documents (YJS-PROTOCOL.md) -------------------------------------------------------
+
+# Compact a document once this many update bytes accumulated since its last snapshot.
+YJS_COMPACTION_THRESHOLD_BYTES = env.int("YJS_COMPACTION_THRESHOLD_BYTES", default=1024**2)
+# Awareness streams expire after this long without reads or writes (sliding TTL).
+YJS_AWARENESS_TTL_SECS = env.int("YJS_AWARENESS_TTL_SECS", default=3600)
+# Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
+# need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
+YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})
 
 # --- REST API (Django REST framework + drf-spectacular) ------------------------------------
 

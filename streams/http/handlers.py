@@ -123,13 +123,18 @@ async def create(request: Request) -> Response:
 
 async def append(request: Request) -> Response:
     """POST: append, optionally close, optionally as an idempotent producer (PROTOCOL.md 5.2)."""
+    response, _ = await append_body(request, await request.body(settings.DS_MAX_REQUEST_BYTES))
+    return response
+
+
+async def append_body(request: Request, body: bytes) -> tuple[Response, AppendResult]:
+    """An append whose body was already read (the Yjs endpoint checks it first)."""
     close = h.is_true(request.header("stream-closed"))
     producer = h.parse_producer(
         request.header("producer-id"),
         request.header("producer-epoch"),
         request.header("producer-seq"),
     )
-    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
     values: list[Any] | None = None
     if body:
         content_type = request.header("content-type")
@@ -161,8 +166,9 @@ async def append(request: Request) -> Response:
         headers["Producer-Epoch"] = str(result.producer_epoch)
         headers["Producer-Seq"] = str(result.producer_seq)
         # New data from a producer is 200; a duplicate or a close-only is 204 (5.2.1, 5.3).
-        return Response(204 if result.duplicate or not messages else 200, headers)
-    return Response(204, headers)
+        status = 204 if result.duplicate or not messages else 200
+        return Response(status, headers), result
+    return Response(204, headers), result
 
 
 async def _append_validated(request: AppendRequest, values: list[Any] | None) -> AppendResult:

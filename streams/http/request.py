@@ -104,11 +104,16 @@ def stream_path(encoded: str) -> str:
 
 
 def build_request(scope: Scope, receive: Receive, prefix: str) -> Request:
-    raw = scope.get("raw_path")
-    encoded = raw.decode("latin-1") if raw else scope["path"]
-    encoded = encoded.split("?", 1)[0]
+    """The request to a stream URL ``<prefix><stream path>``."""
+    encoded = _encoded_path(scope)
     if not encoded.startswith(prefix):
         raise BadRequest("not a stream URL")
+    return request_for(scope, receive, stream_path(encoded[len(prefix) :]))
+
+
+def request_for(scope: Scope, receive: Receive, path: str) -> Request:
+    """A request addressed to the stream at ``path`` (already validated), keeping the URL,
+    query and headers it came with; endpoints built on streams (Yjs) map their URLs this way."""
     query_string = scope.get("query_string", b"").decode("latin-1")
     try:
         query = parse_qs(query_string, keep_blank_values=True, strict_parsing=False)
@@ -116,10 +121,17 @@ def build_request(scope: Scope, receive: Receive, prefix: str) -> Request:
         raise BadRequest("malformed query string") from None
     return Request(
         method=scope["method"].upper(),
-        path=stream_path(encoded[len(prefix) :]),
-        raw_path=encoded,
+        path=path,
+        raw_path=_encoded_path(scope),
         query=query,
         headers=_decode_headers(scope.get("headers", [])),
         scope=scope,
         receive=receive,
     )
+
+
+def _encoded_path(scope: Scope) -> str:
+    """The URL path as sent, still percent-encoded."""
+    raw = scope.get("raw_path")
+    encoded = raw.decode("latin-1") if raw else scope["path"]
+    return encoded.split("?", 1)[0]

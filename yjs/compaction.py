@@ -1,0 +1,176 @@
+"""Compaction: merging a document's snapshot and the updates since into a new snapshot
+(YJS-PROTOCOL.md 8).
+
+* Trigger: an append leaves more than ``YJS_COMPACTION_THRESHOLD_BYTES`` of updates since the
+  last snapshot; the process that made the append schedules it (``after_append``).
+* One at a time per document across every server process: a PostgreSQL advisory lock; a
+  process that cannot take it leaves the work to the one that holds it.
+* Off the event loop: the whole compaction (reads, the pycrdt merge, writes) runs in a worker
+  thread on Django's own database connection.
+* Crash-safe order: store the new snapshot and move the pointer in one transaction, then delete
+  the old snapshot. At every point the pointer names a stored snapshot (or none), and the
+  updates are never touched, so the document stays readable.
+* Updates appended while compacting have offsets past the new snapshot's; readers continue
+  from the snapshot's Stream-Next-Offset and see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+
+from streams.models import Message, Stream
+from streams.protocol.offsets import Offset
+from yjs.framing import read_frames
+from yjs.models import YjsDocument, YjsSnapshot
+from yjs.updates import snapshot_of
+
+logger = logging.getLogger(__name__)
+
+# Advisory locks are (class, key) pairs; this class is "Yjs compaction", the key a stream id.
+LOCK_CLASS = 0x59_6A_73  # "Yjs"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    document: str
+    covers: Offset
+    updates: int
+    update_bytes: int
+    snapshot_bytes: int
+    seconds: float
+
+
+def bytes_since_snapshot(document: YjsDocument, stream: Stream) -> int:
+    base = document.snapshot.pos if document.snapshot is not None else 0
+    return stream.next_pos - base
+
+
+def compact(stream_id: int, *, force: bool = False) -> Compaction | None:
+    """Compact one document now if it is over the threshold (or ``force``); None when there
+    was nothing to do or another process is compacting it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, stream_id])
+        if not cursor.fetchone()[0]:
+            return None
+    try:
+        return _compact_locked(stream_id, force)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, stream_id])
+
+
+def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
+    started = time.monotonic()
+    document = YjsDocument.objects.select_related("snapshot").filter(pk=stream_id).first()
+    stream = Stream.objects.filter(pk=stream_id, deleted_at__isnull=True).first()
+    if document is None or stream is None:
+        return None
+    old = document.snapshot
+    base = old.covers if old is not None else Offset(0, 0)
+    tail = Offset(stream.next_seq, stream.next_pos)
+    pending = tail.pos - base.pos
+    if tail.seq == base.seq or (not force and pending <= settings.YJS_COMPACTION_THRESHOLD_BYTES):
+        return None
+
+    updates = [bytes(old.data)] if old is not None else []
+    rows = (
+        Message.objects.filter(stream_id=stream_id, seq__gte=base.seq, seq__lt=tail.seq)
+        .order_by("seq")
+        .values_list("data", flat=True)
+    )
+    for data in rows.iterator(chunk_size=2000):
+        updates.extend(read_frames(bytes(data)))
+    update_count = len(updates) - (1 if old is not None else 0)
+    snapshot = snapshot_of(updates)
+
+    with transaction.atomic():
+        new = YjsSnapshot.objects.create(
+            document_id=stream_id, seq=tail.seq, pos=tail.pos, data=snapshot
+        )
+        moved = YjsDocument.objects.filter(pk=stream_id, snapshot_id=document.snapshot_id).update(
+            snapshot_id=new.pk, compactions=document.compactions + 1
+        )
+        if not moved:  # the document was deleted (or re-pointed) meanwhile
+            transaction.set_rollback(True)
+            return None
+    if old is not None:
+        YjsSnapshot.objects.filter(pk=old.pk).delete()
+    return Compaction(
+        document=str(document),
+        covers=tail,
+        updates=update_count,
+        update_bytes=pending,
+        snapshot_bytes=len(snapshot),
+        seconds=time.monotonic() - started,
+    )
+
+
+def compact_in_thread(stream_id: int, force: bool = False) -> Compaction | None:
+    """``compact`` for a worker thread: its database connection is closed afterwards."""
+    try:
+        return compact(stream_id, force=force)
+    finally:
+        close_old_connections()
+        connection.close()
+
+
+# -- scheduling from the server (async) --------------------------------------------------------
+
+# Position each document's snapshot covers, as last seen here (a hint: compaction re-checks).
+_covered: dict[int, int] = {}
+_running: set[int] = set()
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def after_append(stream_id: int, tail: Offset) -> None:
+    """Called after an append to a document commits: compact when over the threshold."""
+    since = tail.pos - _covered.get(stream_id, 0)
+    if since <= settings.YJS_COMPACTION_THRESHOLD_BYTES or stream_id in _running:
+        return
+    _running.add(stream_id)
+    task = asyncio.get_running_loop().create_task(_compact_soon(stream_id))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+async def _compact_soon(stream_id: int) -> None:
+    try:
+        result = await asyncio.to_thread(compact_in_thread, stream_id)
+        if result is not None:
+            _covered[stream_id] = result.covers.pos
+            logger.info(
+                "compacted %s: %d updates (%d bytes) -> %d bytes in %.3fs",
+                result.document,
+                result.updates,
+                result.update_bytes,
+                result.snapshot_bytes,
+                result.seconds,
+            )
+        else:
+            await _refresh_covered(stream_id)
+    except Exception:  # retried at the next threshold crossing (YJS-PROTOCOL.md 8.4)
+        logger.exception("compaction of document %s failed", stream_id)
+    finally:
+        _running.discard(stream_id)
+
+
+async def _refresh_covered(stream_id: int) -> None:
+    """Nothing was compacted here (another process did it, or it was not needed): learn the
+    current snapshot position so the next appends are judged against it."""
+    from streams.store.pool import get_pool
+
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT s.pos FROM yjs_document AS d JOIN yjs_snapshot AS s ON s.id = d.snapshot_id"
+            " WHERE d.stream_id = %s",
+            (stream_id,),
+        )
+        row = await cur.fetchone()
+    _covered[stream_id] = row[0] if row else 0

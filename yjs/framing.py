@@ -1,0 +1,48 @@
+"""lib0 framing of Yjs updates (YJS-PROTOCOL.md 7): each update is written as a variable-length
+unsigned integer (7 bits per byte, high bit = more bytes follow) with its length, then its
+bytes. Clients frame on write; the server stores and returns the frames as they came."""
+
+from __future__ import annotations
+
+
+class FramingError(ValueError):
+    """Bytes that are not a sequence of complete lib0 frames."""
+
+
+def write_var_uint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def frame(update: bytes) -> bytes:
+    return write_var_uint(len(update)) + update
+
+
+def read_frames(data: bytes) -> list[bytes]:
+    """The updates of a lib0-framed body, each complete; FramingError otherwise."""
+    updates = []
+    index = 0
+    end = len(data)
+    while index < end:
+        length = 0
+        shift = 0
+        while True:
+            if index >= end:
+                raise FramingError("truncated length prefix")
+            byte = data[index]
+            index += 1
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+            if shift > 49:  # lengths beyond 2^53 are not lengths of anything
+                raise FramingError("length prefix too long")
+        if index + length > end:
+            raise FramingError(f"frame of {length} bytes runs past the end of the body")
+        updates.append(data[index : index + length])
+        index += length
+    return updates

@@ -1,0 +1,243 @@
+"""The ASGI application of ``/v1/yjs/<service>/docs/<doc path>`` (YJS-PROTOCOL.md 5).
+
+A document is a stream of lib0-framed updates; awareness (``?awareness=<name>``) is a stream of
+its own. Reads, writes and live delivery are the base protocol's (``streams.http``), addressed
+to those internal streams; this module adds the Yjs rules on top: snapshot discovery and reads,
+framing checks, documents that cannot be closed, awareness streams created on demand, cascading
+deletes, per-service secrets, compaction triggers, and the Yjs JSON error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from django.conf import settings
+
+from streams.errors import BadRequest, NotFound, ProtocolError
+from streams.http import app as streams_app
+from streams.http import handlers
+from streams.http.request import Receive, Request, Scope, Send, request_for
+from streams.http.responses import Response
+from streams.protocol.headers import is_true
+from streams.store import writes
+from yjs import compaction, store
+from yjs.framing import FramingError, read_frames
+from yjs.paths import (
+    SNAPSHOT,
+    SNAPSHOT_SUFFIX,
+    DocRef,
+    parse_awareness_name,
+    parse_doc_url,
+    parse_snapshot_key,
+    snapshot_key,
+)
+from yjs.updates import check_updates
+
+# Bodies bigger than this are checked off the event loop (decoding updates is CPU work).
+INLINE_CHECK_BYTES = 64 * 1024
+
+
+class YjsError(ProtocolError):
+    """An error with a Yjs error code (YJS-PROTOCOL.md 10)."""
+
+    def __init__(self, status: int, code: str, message: str, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.status = status
+        self.code = code
+
+
+# Base protocol errors as Yjs codes; a 404's meaning depends on what was looked up.
+_CODES = {
+    "BAD_REQUEST": "INVALID_REQUEST",
+    "METHOD_NOT_ALLOWED": "INVALID_REQUEST",
+    "NOT_FOUND": "DOCUMENT_NOT_FOUND",
+    "GONE": "OFFSET_EXPIRED",
+}
+
+
+def error_response(error: ProtocolError) -> Response:
+    """The single place where errors of the Yjs endpoint become answers: the spec's JSON body
+    ``{"error": {"code", "message"}}`` with any headers the error carries."""
+    code = _CODES.get(error.code, error.code)
+    body = json.dumps({"error": {"code": code, "message": error.message}}).encode()
+    headers = {"Content-Type": "application/json", "Cache-Control": "no-store"}
+    headers.update(error.headers)
+    return Response(error.status, headers, body)
+
+
+def _authorize(request: Request, service: str) -> None:
+    secret = settings.YJS_SERVICE_SECRETS.get(service)
+    if not secret:
+        return
+    given = request.header("authorization") or ""
+    if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+        raise YjsError(
+            401,
+            "UNAUTHORIZED",
+            "missing or wrong service secret",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+async def _handle(
+    scope: Scope, receive: Receive, send: Send, origin: str | None
+) -> Response | None:
+    request = request_for(scope, receive, path="")
+    doc = parse_doc_url(request.raw_path)
+    _authorize(request, doc.service)
+    awareness = request.query_value("awareness")
+    if awareness is not None:
+        name = parse_awareness_name(awareness)
+        request.path = doc.awareness_stream(name)
+        return await _awareness(request, send, origin, doc, name)
+    request.path = doc.updates_stream
+    return await _document(request, send, origin, doc)
+
+
+async def yjs_app(scope: Scope, receive: Receive, send: Send) -> None:
+    await streams_app.serve(scope, receive, send, _handle, render_error=error_response)
+
+
+# -- documents --------------------------------------------------------------------------------
+
+
+async def _document(
+    request: Request, send: Send, origin: str | None, doc: DocRef
+) -> Response | None:
+    match request.method:
+        case "GET":
+            offset = request.query_value("offset")
+            if offset == SNAPSHOT:
+                return await _discover_snapshot(request, doc)
+            if offset is not None and offset.endswith(SNAPSHOT_SUFFIX):
+                return await _read_snapshot(doc, offset)
+            return await streams_app.handle_get(request, send, origin)
+        case "PUT":
+            created, tail = await store.create_document(doc)
+            headers = {"Stream-Next-Offset": str(tail), "Content-Type": store.OCTET_STREAM}
+            if created:
+                headers["Location"] = request.raw_path
+            return Response(201 if created else 200, headers)
+        case "POST":
+            body = await _framed_body(request, check_yjs_updates=True)
+            response, result = await handlers.append_body(request, body)
+            compaction.after_append(result.stream_id, result.next_offset)
+            return response
+        case "HEAD":
+            return await handlers.head(request)
+        case "DELETE":
+            if not await store.delete_document(doc):
+                raise NotFound("document does not exist")
+            return Response(204, {"Cache-Control": "no-store"})
+    raise _method_not_allowed(request)
+
+
+async def _discover_snapshot(request: Request, doc: DocRef) -> Response:
+    """307 to the current snapshot, or to offset=-1 without one (YJS-PROTOCOL.md 5.2)."""
+    _, covers = await store.snapshot_pointer(doc)
+    offset = snapshot_key(covers) if covers is not None else "-1"
+    location = f"{request.raw_path}?offset={offset}"
+    return Response(307, {"Location": location, "Cache-Control": "private, max-age=5"})
+
+
+async def _read_snapshot(doc: DocRef, offset: str) -> Response:
+    """The snapshot's encodeStateAsUpdate bytes; reading updates continues at
+    Stream-Next-Offset (YJS-PROTOCOL.md 5.3)."""
+    try:
+        covers = parse_snapshot_key(offset)
+    except BadRequest:
+        raise YjsError(400, "INVALID_REQUEST", f"invalid snapshot offset {offset[:80]!r}") from None
+    data = await store.snapshot_data(doc, covers)
+    if data is None:
+        await store.snapshot_pointer(doc)  # DOCUMENT_NOT_FOUND when the document is gone
+        raise YjsError(404, "SNAPSHOT_NOT_FOUND", "snapshot not found; retry offset=snapshot")
+    headers = {
+        "Content-Type": store.OCTET_STREAM,
+        "Stream-Next-Offset": str(covers),
+        "Cache-Control": "private, max-age=60",
+    }
+    return Response(200, headers, data)
+
+
+async def _framed_body(request: Request, *, check_yjs_updates: bool) -> bytes:
+    """The POST body, which must be complete lib0 frames (YJS-PROTOCOL.md 7.2) and, for
+    documents, frames of decodable Yjs updates. A document or awareness stream is never
+    closed: a departing client's close is refused, and the stream stays open."""
+    if is_true(request.header("stream-closed")):
+        raise YjsError(
+            400,
+            "INVALID_REQUEST",
+            "Yjs documents and awareness streams cannot be closed; nothing was changed",
+        )
+    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    if not body:
+        raise YjsError(400, "INVALID_REQUEST", "empty update")
+    try:
+        updates = read_frames(body)
+    except FramingError as exc:
+        raise YjsError(400, "INVALID_REQUEST", f"body is not lib0-framed updates: {exc}") from None
+    if check_yjs_updates:
+        if len(body) > INLINE_CHECK_BYTES:
+            await asyncio.to_thread(check_updates, updates)
+        else:
+            check_updates(updates)
+    return body
+
+
+# -- awareness --------------------------------------------------------------------------------
+
+
+async def _awareness(
+    request: Request, send: Send, origin: str | None, doc: DocRef, name: str
+) -> Response | None:
+    try:
+        match request.method:
+            case "GET":
+                return await streams_app.handle_get(request, send, origin)
+            case "HEAD":
+                return await handlers.head(request)
+            case "PUT":
+                await _require_document(doc)
+                created = await store.create_awareness(doc, name)
+                return Response(201 if created else 200, {"Cache-Control": "no-store"})
+            case "POST":
+                body = await _framed_body(request, check_yjs_updates=False)
+                return await _broadcast(request, body, doc, name)
+            case "DELETE":
+                await writes.delete_stream(request.path)
+                return Response(204, {"Cache-Control": "no-store"})
+    except NotFound as exc:
+        raise YjsError(404, "STREAM_NOT_FOUND", f"awareness stream {name!r}: {exc}") from None
+    raise _method_not_allowed(request)
+
+
+async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> Response:
+    """Append an awareness update, creating the stream first when it does not exist (never
+    created, or expired after its TTL) as long as the document exists (YJS-PROTOCOL.md 5.7)."""
+    try:
+        response, _ = await handlers.append_body(request, body)
+        return response
+    except NotFound:
+        pass
+    await _require_document(doc)
+    await store.create_awareness(doc, name)
+    response, _ = await handlers.append_body(request, body)
+    return response
+
+
+async def _require_document(doc: DocRef) -> None:
+    try:
+        await store.snapshot_pointer(doc)
+    except NotFound:
+        raise YjsError(404, "DOCUMENT_NOT_FOUND", "document does not exist") from None
+
+
+def _method_not_allowed(request: Request) -> YjsError:
+    return YjsError(
+        405,
+        "INVALID_REQUEST",
+        f"method {request.method} is not allowed",
+        headers={"Allow": "GET, HEAD, POST, PUT, DELETE, OPTIONS"},
+    )

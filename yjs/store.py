@@ -1,0 +1,113 @@
+"""SQL of the Yjs endpoint (async, through the streams app's pool). Streams themselves are
+created, appended to and deleted by the streams app's write functions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from streams.errors import NotFound
+from streams.protocol.offsets import Offset
+from streams.store.pool import get_pool
+from streams.store.types import CreateRequest
+from streams.store.writes import create_stream
+from yjs.paths import DocRef
+
+OCTET_STREAM = "application/octet-stream"
+
+# From the stream, so a document whose row is missing (a create interrupted between its two
+# statements; the next PUT adds it) still reads as a document without a snapshot.
+_SNAPSHOT_POINTER_SQL = (
+    "SELECT st.id, s.seq, s.pos FROM ds_stream AS st"
+    " LEFT JOIN yjs_document AS d ON d.stream_id = st.id"
+    " LEFT JOIN yjs_snapshot AS s ON s.id = d.snapshot_id"
+    " WHERE st.path = %s AND st.deleted_at IS NULL"
+)
+_SNAPSHOT_DATA_SQL = (
+    "SELECT s.data FROM yjs_snapshot AS s JOIN yjs_document AS d ON d.stream_id = s.document_id"
+    " WHERE d.service = %s AND d.path = %s AND s.seq = %s AND s.pos = %s"
+)
+
+
+async def create_document(doc: DocRef) -> tuple[bool, Offset]:
+    """Create the document's update stream, its default awareness stream and its row
+    (YJS-PROTOCOL.md 5.1); idempotent. Returns (created, tail)."""
+    result = await create_stream(
+        CreateRequest(doc.updates_stream, OCTET_STREAM, None, None, False, []),
+        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+    )
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO yjs_document (stream_id, service, path, compactions, created_at)"
+            " VALUES (%s, %s, %s, 0, now()) ON CONFLICT DO NOTHING",
+            (result.stream_id, doc.service, doc.doc_path),
+        )
+    await create_awareness(doc, "default")
+    return result.created, result.tail
+
+
+async def create_awareness(doc: DocRef, name: str) -> bool:
+    """Create an awareness stream (1 h sliding TTL); idempotent. Returns whether it is new."""
+    result = await create_stream(
+        CreateRequest(
+            doc.awareness_stream(name),
+            OCTET_STREAM,
+            settings.YJS_AWARENESS_TTL_SECS,
+            None,
+            False,
+            [],
+        ),
+        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+    )
+    return result.created
+
+
+async def snapshot_pointer(doc: DocRef) -> tuple[int, Offset | None]:
+    """(update stream id, position the current snapshot covers, or None without one).
+    NotFound when the document does not exist."""
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(_SNAPSHOT_POINTER_SQL, (doc.updates_stream,))
+        row = await cur.fetchone()
+    if row is None:
+        raise NotFound("document does not exist")
+    stream_id, seq, pos = row
+    return stream_id, (Offset(seq, pos) if seq is not None else None)
+
+
+async def snapshot_data(doc: DocRef, covers: Offset) -> bytes | None:
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            _SNAPSHOT_DATA_SQL, (doc.service, doc.doc_path, covers.seq, covers.pos), binary=True
+        )
+        row = await cur.fetchone()
+    return bytes(row[0]) if row else None
+
+
+async def delete_document(doc: DocRef) -> bool:
+    """Delete the update stream, snapshots, row and every awareness stream of a document
+    (YJS-PROTOCOL.md 5.9), in one transaction. False when there was no document."""
+    pool = await get_pool()
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT ds_delete(%s)", (doc.updates_stream,))
+        outcome = (await cur.fetchone())[0]  # type: ignore[index]
+        await conn.execute(
+            "DELETE FROM yjs_snapshot WHERE document_id IN"
+            " (SELECT stream_id FROM yjs_document WHERE service = %s AND path = %s)",
+            (doc.service, doc.doc_path),
+        )
+        await conn.execute(
+            "DELETE FROM yjs_document WHERE service = %s AND path = %s",
+            (doc.service, doc.doc_path),
+        )
+        # Awareness streams of this document: the prefix, then a name without '/'.
+        prefix = doc.awareness_prefix
+        cur = await conn.execute(
+            "SELECT path FROM ds_stream WHERE starts_with(path, %s)"
+            " AND position('/' IN substr(path, %s)) = 0",
+            (prefix, len(prefix) + 1),
+        )
+        for (path,) in await cur.fetchall():
+            await conn.execute("SELECT ds_delete(%s)", (path,))
+    return outcome not in ("not_found", "gone")
