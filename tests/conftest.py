@@ -21,6 +21,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests run on shared, sometimes busy machines (CI, 2 cores): no per-example deadline
+# and no "input generation is slow" verdicts, which measure the machine, not the code.
+settings.register_profile(
+    "durable-streams", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("durable-streams")
 
 ROOT = Path(__file__).resolve().parent.parent
 
