@@ -1,0 +1,113 @@
+"""The official Yjs provider (npm @durable-streams/y-durable-streams with yjs) against our
+server, driven by tests/js/yjs/providers.mjs (YJS-PROTOCOL.md 5, 8, 9)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from pycrdt import Doc, Text
+
+from yjs.framing import read_frames
+
+SCRIPT = Path(__file__).resolve().parent.parent / "js" / "yjs" / "providers.mjs"
+THRESHOLD = 1500  # bytes of updates since the last snapshot, lowered from 1 MiB
+YJS_ENV = {"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)}
+
+
+@pytest.fixture(scope="module")
+def yjs_server(start_server: Any) -> Any:
+    return start_server(env=YJS_ENV)
+
+
+def run_providers(scenario: str, *base_urls: str) -> dict[str, Any]:
+    result = subprocess.run(
+        ["node", str(SCRIPT), scenario, *base_urls],
+        cwd=SCRIPT.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def tokens(text: str) -> set[str]:
+    return set(re.findall(r"[ABC](?:pre|bulk|post|three)\d+|<[ABC]\d+>", text))
+
+
+def check_report(report: dict[str, Any], base_url: str) -> None:
+    # Convergence before and after compaction, and with a third client.
+    for name in ("A", "B"):
+        for r in range(3):
+            assert f"{name}pre{r}" in report["before"]
+            assert f"{name}post{r}" in report["after"]
+    for name in ("A", "B", "C"):
+        assert f"{name}three1" in report["final"]
+    assert tokens(report["before"]) <= tokens(report["after"]) <= tokens(report["final"])
+    # Discovery: no snapshot at first, one after the threshold was crossed.
+    assert report["locationBefore"].endswith("?offset=-1")
+    assert report["locationAfter"].endswith("_snapshot")
+    # The late joiner loaded the snapshot (YJS-PROTOCOL.md 9.2), then read updates from its
+    # Stream-Next-Offset.
+    snapshot_loads = [r for r in report["joinerRequests"] if "_snapshot" in r]
+    assert snapshot_loads and snapshot_loads[0].endswith(" 200"), report["joinerRequests"]
+    assert any(f"offset={report['snapshotNextOffset']}" in r for r in report["joinerRequests"])
+    # Awareness from A reached B.
+    assert report["awarenessSeenByB"] == {"name": "Ada", "cursor": 42}
+    assert report["errors"] == []
+    check_snapshot_content(report, base_url)
+
+
+def check_snapshot_content(report: dict[str, Any], base_url: str) -> None:
+    """The snapshot, loaded in JavaScript yjs, holds exactly the updates stored before its
+    Stream-Next-Offset; Python (pycrdt) reads the same bytes the same way."""
+    with httpx.Client(timeout=30) as client:
+        history = client.get(f"{base_url}/docs/{report['docId']}", params={"offset": "-1"})
+    assert history.status_code == 200
+    covered = int(report["snapshotNextOffset"].split("_")[1])
+
+    from_updates = Doc()
+    text = from_updates.get("text", type=Text)
+    for update in read_frames(history.content[:covered]):
+        from_updates.apply_update(update)
+    from_snapshot = Doc()
+    snapshot_text = from_snapshot.get("text", type=Text)
+    from_snapshot.apply_update(base64.b64decode(report["snapshotBase64"]))
+    assert str(snapshot_text) == str(text) == report["snapshotText"]
+    assert report["snapshotText"]
+
+
+@pytest.mark.slow
+def test_providers_converge_before_and_after_compaction(yjs_server: Any) -> None:
+    """Two providers editing concurrently converge before and after a compaction; a third
+    joining after it loads the snapshot and converges; awareness reaches the others."""
+    base_url = f"{yjs_server.base_url}/v1/yjs/tests"
+    check_report(run_providers("one-server", base_url), base_url)
+
+
+@pytest.mark.slow
+def test_providers_on_two_server_processes(start_server: Any, database_url: str) -> None:
+    """Client A on one process, client B on another, one database: edits through one reach
+    the other (the same checks as with one server)."""
+    first, second = start_server(env=YJS_ENV), start_server(env=YJS_ENV)
+    base_a = f"{first.base_url}/v1/yjs/tests"
+    base_b = f"{second.base_url}/v1/yjs/tests"
+    report = run_providers("two-servers", base_a, base_b)
+    check_report(report, base_a)
+    with psycopg.connect(database_url) as conn:
+        compactions, snapshots = conn.execute(
+            "SELECT d.compactions, (SELECT count(*) FROM yjs_snapshot s"
+            " WHERE s.document_id = d.stream_id) FROM yjs_document d"
+            " WHERE d.service = 'tests' AND d.path = %s",
+            (report["docId"],),
+        ).fetchone()
+    assert compactions >= 1 and snapshots == 1  # old snapshots are deleted after each
