@@ -169,3 +169,50 @@ def test_admin_shows_state_streams_and_entities(
     assert entity_id is not None
     entity = admin_client.get(f"/admin/state/entitystate/{entity_id.group(1)}/change/")
     assert "&quot;name&quot;: &quot;Ada&quot;" in entity.text
+
+
+def test_admin_shows_and_compacts_yjs_documents(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    """Yjs documents with bytes since the last snapshot, snapshot offset and time, a preview of
+    the content decoded with pycrdt, and an action to compact now."""
+    from pycrdt import Doc, Text
+
+    from yjs.framing import frame
+
+    doc_path = f"admin-{time.time_ns()}"
+    url = f"/v1/yjs/admin/docs/{doc_path}"
+    doc = Doc()
+    text = doc.get("body", type=Text)
+    updates: list[bytes] = []
+    doc.observe(lambda event: updates.append(event.update))
+    text += "Hello from the admin test"
+    assert client.put(url).status_code == 201
+    body = b"".join(frame(u) for u in updates)
+    post = client.post(url, content=body, headers={"Content-Type": "application/octet-stream"})
+    assert post.status_code == 204
+
+    listing = admin_client.get("/admin/yjs/yjsdocument/", params={"q": doc_path})
+    assert doc_path in listing.text
+    assert f">{len(body)}<" in listing.text  # bytes since the (missing) snapshot
+    doc_id = re.search(r'href="/admin/yjs/yjsdocument/(\d+)/change/', listing.text)
+    assert doc_id is not None
+    detail = admin_client.get(f"/admin/yjs/yjsdocument/{doc_id.group(1)}/change/")
+    assert "Hello from the admin test" in detail.text and "body (Text)" in detail.text
+
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', listing.text)
+    assert token is not None
+    compacted = admin_client.post(
+        "/admin/yjs/yjsdocument/",
+        params={"q": doc_path},
+        data={
+            "csrfmiddlewaretoken": token.group(1),
+            "action": "compact_now",
+            "_selected_action": [doc_id.group(1)],
+        },
+        headers={"Referer": str(admin_client.base_url)},
+    )
+    assert "Compacted 1 of 1 documents" in compacted.text
+    location = client.get(url, params={"offset": "snapshot"}).headers["Location"]
+    assert location.endswith("_snapshot")
+    assert location.split("offset=")[1] in compacted.text  # the new snapshot offset is listed

@@ -1,0 +1,79 @@
+"""Django admin for Yjs documents: size since the last snapshot, the snapshot, a preview of the
+content, and compaction on demand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+
+from streams.models import Message
+from yjs.compaction import bytes_since_snapshot, compact
+from yjs.framing import read_frames
+from yjs.models import YjsDocument
+from yjs.paths import snapshot_key
+from yjs.preview import describe
+from yjs.updates import snapshot_of
+
+
+@admin.register(YjsDocument)
+class YjsDocumentAdmin(admin.ModelAdmin):
+    list_display = ["path", "service", "since_snapshot", "snapshot_offset", "snapshot_time",
+                    "compactions", "created_at"]  # fmt: skip
+    list_filter = ["service"]
+    search_fields = ["path"]
+    list_select_related = ["stream", "snapshot"]
+    ordering = ["service", "path"]
+    actions = ["compact_now"]
+    fields = ["service", "path", "since_snapshot", "snapshot_offset", "snapshot_time",
+              "compactions", "created_at", "content"]  # fmt: skip
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="bytes since snapshot")
+    def since_snapshot(self, obj: YjsDocument) -> int:
+        return bytes_since_snapshot(obj, obj.stream)
+
+    @admin.display(description="snapshot offset")
+    def snapshot_offset(self, obj: YjsDocument) -> str:
+        return snapshot_key(obj.snapshot.covers) if obj.snapshot else "-"
+
+    @admin.display(description="snapshot taken")
+    def snapshot_time(self, obj: YjsDocument) -> Any:
+        return obj.snapshot.created_at if obj.snapshot else "-"
+
+    @admin.display(description="content (snapshot + updates since)")
+    def content(self, obj: YjsDocument) -> str:
+        updates = [bytes(obj.snapshot.data)] if obj.snapshot else []
+        since = obj.snapshot.seq if obj.snapshot else 0
+        rows = Message.objects.filter(stream_id=obj.pk, seq__gte=since).order_by("seq")
+        for data in rows.values_list("data", flat=True).iterator():
+            updates.extend(read_frames(bytes(data)))
+        if not updates:
+            return "(empty document)"
+        roots = describe(snapshot_of(updates))
+        return format_html_join(
+            "",
+            '<h4 style="margin: 0.5em 0 0">{}</h4><pre style="white-space: pre-wrap">{}</pre>',
+            roots.items(),
+        ) or format_html("<em>{}</em>", "no content")
+
+    @admin.action(description="Compact now")
+    def compact_now(self, request: HttpRequest, queryset: QuerySet[YjsDocument]) -> None:
+        done = [r for r in (compact(d.pk, force=True) for d in queryset) if r is not None]
+        self.message_user(
+            request,
+            f"Compacted {len(done)} of {queryset.count()} documents.",
+            messages.SUCCESS,
+        )
