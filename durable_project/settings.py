@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "streams",
     "state",
     "yjs",
+    "spark",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,133 @@
+"""Plans for the Spark job, and publishing its result into the state tables atomically.
+
+The job writes entities into a private staging table; ``publish`` then replaces the streams'
+entities in ONE transaction holding their registrations' row locks (the lock the in-process
+materializer and the state API's catch-up take), records the offset the job materialized each
+stream to, and applies what was appended since with the in-process materializer's SQL. Readers
+see the old state or the new one, never a mix; nothing appended during the job is lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from state.models import StateStream
+from streams.models import Stream
+
+
+@dataclass(frozen=True)
+class PlannedStream:
+    stream_id: int
+    path: str
+    version: int
+    tail_seq: int
+    tail_pos: int
+    segments: list[tuple[int, int, int]]
+    schemas: dict[str, Any]
+
+    def as_job_plan(self) -> dict[str, Any]:
+        return {
+            "stream_id": self.stream_id,
+            "path": self.path,
+            "segments": self.segments,
+            "schemas": self.schemas,
+        }
+
+
+def _segments(stream: Stream) -> list[tuple[int, int, int]]:
+    segments: list[tuple[int, int, int]] = []
+    current: Stream | None = stream
+    upper = stream.next_seq
+    while current is not None:
+        lower = current.fork_seq or 0
+        if lower < upper:
+            segments.append((current.pk, lower, upper))
+        upper = min(upper, lower)
+        current = current.fork_source
+    return list(reversed(segments))
+
+
+def plan(paths: list[str] | None) -> list[PlannedStream]:
+    """The registered streams to materialize (all when ``paths`` is None), each with the tail
+    the job reads up to."""
+    registrations = StateStream.objects.select_related("stream").order_by("stream__path")
+    if paths is not None:
+        registrations = registrations.filter(stream__path__in=paths)
+        missing = set(paths) - {r.stream.path for r in registrations}
+        if missing:
+            raise LookupError(f"not state streams: {', '.join(sorted(missing))}")
+    return [
+        PlannedStream(
+            stream_id=r.stream.pk,
+            path=r.stream.path,
+            version=r.version,
+            tail_seq=r.stream.next_seq,
+            tail_pos=r.stream.next_pos,
+            segments=_segments(r.stream),
+            schemas=r.schemas,
+        )
+        for r in registrations
+    ]
+
+
+def create_staging_table() -> str:
+    name = f"ds_entity_stage_{uuid.uuid4().hex[:12]}"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE UNLOGGED TABLE {name} (stream_id bigint NOT NULL, type text NOT NULL,"
+            " key text NOT NULL, value text NOT NULL, event_offset text NOT NULL)"
+        )
+    return name
+
+
+def drop_staging_table(name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+@dataclass(frozen=True)
+class Published:
+    stream_id: int
+    entities: int
+    caught_up: int  # messages appended during the job, applied after the swap
+
+
+def publish(
+    staging: str, planned: list[PlannedStream], invalid: dict[int, tuple[int, str]]
+) -> list[Published]:
+    """Swap in the staged entities of every planned stream whose registration is unchanged."""
+    results = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        ids = [p.stream_id for p in sorted(planned, key=lambda p: p.stream_id)]
+        cursor.execute(
+            "SELECT stream_id, version FROM ds_state_stream WHERE stream_id = ANY(%s)"
+            " ORDER BY stream_id FOR UPDATE",
+            [ids],
+        )
+        current = dict(cursor.fetchall())
+        for p in planned:
+            if current.get(p.stream_id) != p.version:
+                continue  # unregistered or re-registered during the job: leave it alone
+            invalid_events, last_error = invalid.get(p.stream_id, (0, ""))
+            cursor.execute("DELETE FROM ds_entity WHERE stream_id = %s", [p.stream_id])
+            cursor.execute(
+                f"INSERT INTO ds_entity (stream_id, type, key, value, event_offset)"
+                f" SELECT stream_id, type, key, value::jsonb, event_offset FROM {staging}"
+                f" WHERE stream_id = %s",
+                [p.stream_id],
+            )
+            entities = cursor.rowcount
+            cursor.execute(
+                "UPDATE ds_state_stream SET materialized_seq = %s, materialized_pos = %s,"
+                " invalid_events = %s, last_error = %s WHERE stream_id = %s",
+                [p.tail_seq, p.tail_pos, invalid_events, last_error, p.stream_id],
+            )
+            cursor.execute("SELECT next_seq FROM ds_stream WHERE id = %s", [p.stream_id])
+            tail = cursor.fetchone()[0]
+            cursor.execute("SELECT ds_state_apply(%s, %s, %s)", [p.stream_id, p.tail_seq, tail])
+            results.append(Published(p.stream_id, entities, tail - p.tail_seq))
+    return results
