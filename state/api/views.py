@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -75,20 +76,28 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
 )
 class EntityList(generics.ListAPIView):
     """The materialized state of a state stream: entities by type and key. It reflects every
-    append acknowledged before the request (the stream is caught up first)."""
+    append acknowledged before the request (the stream is caught up first), and one page is one
+    snapshot of the state (its count and results are read in one repeatable-read transaction,
+    so a concurrent swap by a bulk job is seen entirely or not at all)."""
 
     serializer_class = EntitySerializer
 
-    def get_queryset(self) -> QuerySet[EntityState]:
-        params = self.request.query_params
-        path = params.get("stream")
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        path = request.query_params.get("stream")
         if not path:
             raise BadRequest("the stream query parameter is required")
         registration = StateStream.objects.filter(stream__path=path).first()
         if registration is None:
             raise NotFound(f"stream {path!r} is not a state stream")
         catch_up(registration.pk)  # read-your-writes: reflect every acknowledged append
-        entities = EntityState.objects.filter(stream_id=registration.pk)
+        self.stream_id = registration.pk
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            return super().list(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[EntityState]:
+        params = self.request.query_params
+        entities = EntityState.objects.filter(stream_id=self.stream_id)
         if params.get("type") is not None:
             entities = entities.filter(entity_type=params["type"])
         if params.get("key") is not None:
