@@ -8,6 +8,11 @@ missing=()
 if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing+=(postgresql)
 fi
+# Java and the PostgreSQL JDBC driver, for the Spark jobs (manage.py spark_materialize).
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  missing+=(default-jre-headless)
+fi
+[ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
 # Node.js and npm run the official conformance suite and client libraries in the tests.
 if [ "${1:-}" = "--test" ]; then
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
