@@ -11,6 +11,10 @@ from rest_framework import generics, serializers
 from streams.models import Stream
 from streams.protocol.offsets import Offset
 
+# Paths under this prefix are internal (PROTOCOL.md 6 reserves it; the Yjs app keeps its
+# documents' streams there).
+INTERNAL_PREFIX = "__ds/"
+
 
 class StreamSerializer(serializers.ModelSerializer):
     tail_offset = serializers.SerializerMethodField()
@@ -32,7 +36,8 @@ class StreamSerializer(serializers.ModelSerializer):
     ]
 )
 class StreamCatalog(generics.ListAPIView):
-    """Live streams (not expired or deleted), by path."""
+    """Live streams (not expired or deleted), by path; internal streams (``__ds/``, behind the
+    Yjs endpoint) are not listed."""
 
     serializer_class = StreamSerializer
 
@@ -41,6 +46,7 @@ class StreamCatalog(generics.ListAPIView):
             Stream.objects.filter(deleted_at__isnull=True)
             .annotate(expired=RawSQL("ds_is_expired(ds_stream.*)", []))
             .filter(expired=False)
+            .exclude(path__startswith=INTERNAL_PREFIX)
             .order_by("path")
         )
         prefix = self.request.query_params.get("prefix")

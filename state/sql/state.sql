@@ -126,10 +126,17 @@ BEGIN
 END;
 $$;
 
+-- Streams the registry does not list: itself, and internal streams under the reserved __ds/
+-- prefix (Yjs documents' streams), which clients cannot address as streams.
+CREATE OR REPLACE FUNCTION ds_registry_lists(p_path text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_path <> '__registry__' AND NOT starts_with(p_path, '__ds/')
+$$;
+
 CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF s.path <> '__registry__' THEN
+    IF ds_registry_lists(s.path) THEN
         PERFORM ds_registry_append(ds_registry_event(s, 'insert'));
     END IF;
 END;
@@ -141,7 +148,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM ds_entity WHERE stream_id = s.id;
     DELETE FROM ds_state_stream WHERE stream_id = s.id;
-    IF s.path <> '__registry__' THEN
+    IF ds_registry_lists(s.path) THEN
         PERFORM ds_registry_append(ds_registry_event(s, 'delete'));
     END IF;
 END;
