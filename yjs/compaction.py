@@ -122,15 +122,22 @@ def compact_in_thread(stream_id: int, force: bool = False) -> Compaction | None:
 
 # -- scheduling from the server (async) --------------------------------------------------------
 
-# Position each document's snapshot covers, as last seen here (a hint: compaction re-checks).
+# Position each document's snapshot covers, and its latest tail, as last seen here (hints:
+# compaction re-checks in the database).
 _covered: dict[int, int] = {}
+_tails: dict[int, int] = {}
 _running: set[int] = set()
 _tasks: set[asyncio.Task[None]] = set()
 
 
 def after_append(stream_id: int, tail: Offset) -> None:
     """Called after an append to a document commits: compact when over the threshold."""
-    since = tail.pos - _covered.get(stream_id, 0)
+    _tails[stream_id] = max(tail.pos, _tails.get(stream_id, 0))
+    _maybe_schedule(stream_id)
+
+
+def _maybe_schedule(stream_id: int) -> None:
+    since = _tails.get(stream_id, 0) - _covered.get(stream_id, 0)
     if since <= settings.YJS_COMPACTION_THRESHOLD_BYTES or stream_id in _running:
         return
     _running.add(stream_id)
@@ -154,10 +161,16 @@ async def _compact_soon(stream_id: int) -> None:
             )
         else:
             await _refresh_covered(stream_id)
+            # Another process may be compacting it right now: look again in a moment, not in
+            # a tight loop.
+            await asyncio.sleep(0.25)
     except Exception:  # retried at the next threshold crossing (YJS-PROTOCOL.md 8.4)
         logger.exception("compaction of document %s failed", stream_id)
+        _covered[stream_id] = _tails.get(stream_id, 0)  # wait for new updates before retrying
     finally:
         _running.discard(stream_id)
+    # Appends that crossed the threshold again while this ran were not scheduled: look now.
+    _maybe_schedule(stream_id)
 
 
 async def _refresh_covered(stream_id: int) -> None:

@@ -21,7 +21,7 @@ from streams.http import handlers
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
 from streams.protocol.headers import is_true
-from streams.store import writes
+from streams.store import reads, writes
 from yjs import compaction, store
 from yjs.framing import FramingError, read_frames
 from yjs.paths import (
@@ -116,9 +116,13 @@ async def _document(
             return await streams_app.handle_get(request, send, origin)
         case "PUT":
             created, tail = await store.create_document(doc)
-            headers = {"Stream-Next-Offset": str(tail), "Content-Type": store.OCTET_STREAM}
+            headers = {
+                "Stream-Next-Offset": str(tail),
+                "Content-Type": store.OCTET_STREAM,
+                "Cache-Control": "no-store",
+            }
             if created:
-                headers["Location"] = request.raw_path
+                headers["Location"] = handlers.absolute_url(request)
             return Response(201 if created else 200, headers)
         case "POST":
             body = await _framed_body(request, check_yjs_updates=True)
@@ -166,6 +170,8 @@ async def _framed_body(request: Request, *, check_yjs_updates: bool) -> bytes:
     documents, frames of decodable Yjs updates. A document or awareness stream is never
     closed: a departing client's close is refused, and the stream stays open."""
     if is_true(request.header("stream-closed")):
+        # A close of something that does not exist is still a 404 (YJS-PROTOCOL.md 5.5, 5.9).
+        await reads.stream_meta(request.path, touch=False)
         raise YjsError(
             400,
             "INVALID_REQUEST",
@@ -208,8 +214,11 @@ async def _awareness(
             case "DELETE":
                 await writes.delete_stream(request.path)
                 return Response(204, {"Cache-Control": "no-store"})
-    except NotFound as exc:
-        raise YjsError(404, "STREAM_NOT_FOUND", f"awareness stream {name!r}: {exc}") from None
+    except NotFound:
+        # Without the document that is what is missing (YJS-PROTOCOL.md 5.9); otherwise the
+        # awareness stream is (never created, deleted, or expired).
+        await _require_document(doc)
+        raise YjsError(404, "STREAM_NOT_FOUND", f"awareness stream {name!r} not found") from None
     raise _method_not_allowed(request)
 
 

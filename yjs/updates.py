@@ -27,10 +27,11 @@ def snapshot_of(updates: list[bytes]) -> bytes:
     """One update holding all of ``updates`` (a previous snapshot first, then the updates
     since): the document's ``encodeStateAsUpdate``.
 
-    Updates whose dependencies are missing stay pending in a Doc, and ``encodeStateAsUpdate``
-    would drop them; those are merged back in (docs/decisions.md). A chunk has pending parts
-    when what the Doc's state does not cover of it has structs (its first varint, the number of
-    clients, is not 0)."""
+    A Doc keeps waiting ("pending") what refers to something it has not seen yet: structs whose
+    dependencies are missing, and deletions of items it does not have. ``encodeStateAsUpdate``
+    leaves both out, so chunks with anything pending are merged back in (docs/decisions.md).
+    Pending structs: what the Doc's state does not cover of a chunk has structs. Pending
+    deletions: the chunk deletes something outside the Doc's own delete set."""
     chunks = [
         merge_updates(*updates[i : i + MERGE_CHUNK]) if len(updates) - i > 1 else updates[i]
         for i in range(0, len(updates), MERGE_CHUNK)
@@ -39,7 +40,58 @@ def snapshot_of(updates: list[bytes]) -> bytes:
     for chunk in chunks:
         doc.apply_update(chunk)
     state = doc.get_state()
-    pending = [chunk for chunk in chunks if get_update(chunk, state)[:1] != b"\x00"]
-    if pending:
-        return merge_updates(doc.get_update(), *pending)
-    return doc.get_update()
+    encoded = doc.get_update()
+    deleted = _delete_set(get_update(encoded, state))
+    pending = []
+    for chunk in chunks:
+        rest = get_update(chunk, state)
+        if rest[:1] != b"\x00" or not _covers(deleted, _delete_set(rest)):
+            pending.append(chunk)
+    return merge_updates(encoded, *pending) if pending else encoded
+
+
+def _var_uint(data: bytes, index: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[index]
+        index += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, index
+        shift += 7
+
+
+DeleteSet = dict[int, list[tuple[int, int]]]  # client -> [(clock, length)]
+
+
+def _delete_set(update: bytes) -> DeleteSet:
+    """The delete set of a v1 update that has no structs (``get_update(u, state)`` of integrated
+    content): after the zero struct count, per client: id, range count, (clock, length) pairs."""
+    index = 1
+    clients, index = _var_uint(update, index)
+    result: DeleteSet = {}
+    for _ in range(clients):
+        client, index = _var_uint(update, index)
+        count, index = _var_uint(update, index)
+        ranges = result.setdefault(client, [])
+        for _ in range(count):
+            clock, index = _var_uint(update, index)
+            length, index = _var_uint(update, index)
+            ranges.append((clock, length))
+    return result
+
+
+def _covers(outer: DeleteSet, inner: DeleteSet) -> bool:
+    """Is every deleted range of ``inner`` inside the ranges of ``outer``?"""
+    for client, ranges in inner.items():
+        merged = sorted(outer.get(client, []))
+        for clock, length in ranges:
+            end = clock + length
+            for start, size in merged:
+                if start <= clock < start + size:
+                    clock = start + size
+                    if clock >= end:
+                        break
+            if clock < end:
+                return False
+    return True

@@ -117,7 +117,7 @@ async def create(request: Request) -> Response:
     if result.closed:
         headers["Stream-Closed"] = "true"
     if result.created:
-        headers["Location"] = _absolute_url(request)
+        headers["Location"] = absolute_url(request)
     return Response(201 if result.created else 200, headers)
 
 
@@ -278,7 +278,8 @@ def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -
     return Response(status, headers, body_of(meta, []) if status == 200 else b"")
 
 
-def _absolute_url(request: Request) -> str:
+def absolute_url(request: Request) -> str:
+    """The URL the request was sent to (for Location headers)."""
     host = request.header("host") or "localhost"
     scheme = request.scope.get("scheme", "http")
     return f"{scheme}://{host}{request.raw_path}"

@@ -59,8 +59,12 @@ def check_report(report: dict[str, Any], base_url: str) -> None:
     # The late joiner loaded the snapshot (YJS-PROTOCOL.md 9.2), then read updates from its
     # Stream-Next-Offset.
     snapshot_loads = [r for r in report["joinerRequests"] if "_snapshot" in r]
-    assert snapshot_loads and snapshot_loads[0].endswith(" 200"), report["joinerRequests"]
-    assert any(f"offset={report['snapshotNextOffset']}" in r for r in report["joinerRequests"])
+    assert snapshot_loads and snapshot_loads[-1].endswith(" 200"), report["joinerRequests"]
+    # It continued from the snapshot's Stream-Next-Offset: the token's last part plus one.
+    token = re.search(r"offset=(\d+)_(\d+)_snapshot", snapshot_loads[-1])
+    assert token is not None
+    continue_at = f"{token.group(1)}_{int(token.group(2)) + 1:016d}"
+    assert any(f"offset={continue_at}" in r for r in report["joinerRequests"])
     # Awareness from A reached B.
     assert report["awarenessSeenByB"] == {"name": "Ada", "cursor": 42}
     assert report["errors"] == []
