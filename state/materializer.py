@@ -20,8 +20,8 @@ from django.db import connection
 
 from state.core import InvalidEvent, MaterializedState, parse_event
 from state.core.events import ChangeEvent
+from state.core.schemas import compile_schemas, schema_error, unstorable
 from state.models import StateStream
-from state.validation import compile_schemas, schema_error, unstorable
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
 

@@ -13,10 +13,10 @@ from django.db import connection, transaction
 from django.db.models.expressions import RawSQL
 from jsonschema.exceptions import SchemaError
 
+from state.core.schemas import compile_schemas
 from state.materializer import Progress, RebuildResult, rebuild
 from state.models import EntityState, StateStream
 from state.registry import REGISTRY_PATH
-from state.validation import compile_schemas
 from streams.errors import BadRequest, Conflict, Forbidden, Gone, NotFound
 from streams.models import Stream
 from streams.protocol.headers import JSON, media_type

@@ -11,44 +11,19 @@ the caller asks again with ``refresh=True``, which reloads the registration from
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema_rs
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-
 from state.core import InvalidEvent, parse_event
-from state.core.events import ChangeEvent, StateEvent
+from state.core.schemas import (
+    SchemaError,
+    SchemaValidator,
+    compile_schemas,
+    schema_error,
+    unstorable,
+)
 from streams.errors import BadRequest
 from streams.store.pool import get_pool
-
-
-@dataclass(frozen=True, slots=True)
-class SchemaValidator:
-    """One entity type's schema. The hot path asks jsonschema-rs (compiled once, ~50x faster
-    than the pure-Python validator); a value it refuses is explained by ``jsonschema``, whose
-    messages and paths are the reference (docs/decisions.md)."""
-
-    schema: dict[str, Any]
-    fast: Any
-
-    def error(self, value: Any) -> str | None:
-        if self.fast.is_valid(value):
-            return None
-        explained = next(iter(validator_for(self.schema)(self.schema).iter_errors(value)), None)
-        if explained is None:  # the two libraries disagree: trust the one that refused
-            try:
-                self.fast.validate(value)
-            except jsonschema_rs.ValidationError as exc:
-                return f"at {_where(list(exc.instance_path))}: {exc.message}"
-            return None
-        return f"at {_where(list(explained.absolute_path))}: {explained.message}"
-
-
-def _where(path: list[Any]) -> str:
-    return "".join(f"[{part!r}]" for part in path) or "the value"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,21 +38,6 @@ _LOAD_SQL = (
     "SELECT r.version, r.schemas FROM ds_state_stream AS r"
     " JOIN ds_stream AS s ON s.id = r.stream_id WHERE s.path = %s"
 )
-
-
-def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
-    """A validator per entity type; SchemaError when a schema is not a valid JSON Schema."""
-    compiled = {}
-    for entity_type, schema in schemas.items():
-        if not isinstance(schema, dict | bool):
-            raise SchemaError(f"the schema of {entity_type!r} must be an object or a boolean")
-        validator_for(schema).check_schema(schema)
-        try:
-            fast = jsonschema_rs.validator_for(schema)
-        except (ValueError, jsonschema_rs.ValidationError) as exc:
-            raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
-        compiled[entity_type] = SchemaValidator(schema, fast)
-    return compiled
 
 
 async def _load(path: str) -> Registration | None:
@@ -95,19 +55,6 @@ async def _load(path: str) -> Registration | None:
         registration = Registration(version, {})
     _registrations[path] = registration
     return registration
-
-
-def schema_error(event: StateEvent, validators: dict[str, SchemaValidator]) -> str | None:
-    """Why a change's value fails the schema of its type, or None when it does not."""
-    if not isinstance(event, ChangeEvent) or event.operation == "delete":
-        return None
-    validator = validators.get(event.type)
-    if validator is None:
-        return None
-    error = validator.error(event.value)
-    if error is None:
-        return None
-    return f"value of type {event.type!r} does not match its schema {error}"
 
 
 def validate_events(values: list[Any], validators: dict[str, SchemaValidator]) -> None:
@@ -149,16 +96,3 @@ def _validate_append(
         reason = unstorable(message)
         if reason is not None:
             raise BadRequest(f"event {index}: {reason}")
-
-
-# JSON that PostgreSQL's jsonb cannot hold: the NUL character and unpaired surrogates. Our JSON
-# encoder writes both as \u escapes (streams.protocol.json_mode), so a byte search finds them:
-# a backslash-u that is not itself escaped, followed by 0000 or a surrogate.
-_UNSTORABLE = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})")
-
-
-def unstorable(message: bytes) -> str | None:
-    """Why an encoded event cannot be materialized, or None."""
-    if _UNSTORABLE.search(message):
-        return "state events cannot contain NUL characters or unpaired surrogates"
-    return None

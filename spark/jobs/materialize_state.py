@@ -111,10 +111,12 @@ def read_messages(
 
 
 def parse_partition(rows: Iterable[Any], schemas: dict[int, dict[str, Any]]) -> Iterator[tuple]:
-    """Decode and judge each message with the server's own rules (state.core)."""
+    """Decode and judge each message with the server's own rules (state.core): the same
+    parser, schema validation and storability check as the in-process materializer."""
     from state.core import ChangeEvent, ControlEvent, InvalidEvent, parse_event
+    from state.core.schemas import compile_schemas, schema_error, unstorable
 
-    validators = _compile(schemas)
+    validators = {stream_id: compile_schemas(by_type) for stream_id, by_type in schemas.items()}
     for row in rows:
         stream_id, seq, pos, data = row["owner"], row["seq"], row["pos"], bytes(row["data"])
         offset = f"{seq:016d}_{pos:016d}"
@@ -128,45 +130,13 @@ def parse_partition(rows: Iterable[Any], schemas: dict[int, dict[str, Any]]) -> 
             yield (stream_id, seq, offset, kind, None, None, None, None, None)
             continue
         assert isinstance(event, ChangeEvent)
-        reason = _schema_error(event, validators.get(stream_id, {})) or _unstorable(data)
+        reason = schema_error(event, validators[stream_id]) or unstorable(data)
         if reason is not None:
             yield (stream_id, seq, offset, "invalid", None, None, None, None, reason)
             continue
         deleted = event.operation == "delete"
         value = None if deleted else json.dumps(event.value, separators=(",", ":"))
         yield (stream_id, seq, offset, "change", event.type, event.key, deleted, value, None)
-
-
-def _compile(schemas: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    if not any(schemas.values()):
-        return {}
-    import jsonschema_rs
-
-    return {
-        stream_id: {kind: jsonschema_rs.validator_for(schema) for kind, schema in by_type.items()}
-        for stream_id, by_type in schemas.items()
-    }
-
-
-def _schema_error(event: Any, validators: dict[str, Any]) -> str | None:
-    if event.operation == "delete" or event.type not in validators:
-        return None
-    validator = validators[event.type]
-    if validator.is_valid(event.value):
-        return None
-    try:
-        validator.validate(event.value)
-    except Exception as exc:  # noqa: BLE001 - jsonschema_rs.ValidationError
-        return f"value of type {event.type!r} does not match its schema: {exc}"
-    return f"value of type {event.type!r} does not match its schema"
-
-
-def _unstorable(data: bytes) -> str | None:
-    import re
-
-    if re.search(rb"(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})", data):
-        return "state events cannot contain NUL characters or unpaired surrogates"
-    return None
 
 
 def materialize(events: DataFrame) -> tuple[DataFrame, DataFrame]:
