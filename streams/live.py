@@ -3,7 +3,11 @@
 One LISTEN connection per server process, on channel ``ds_streams``; the write functions
 ``pg_notify`` ``"<stream id>:<next seq>:<o|c|d>"`` (open, closed, deleted) on commit. A local
 append also publishes directly, so a reader in the same process is woken without the round trip.
-Notifications are hints without data: a woken reader re-reads the store.
+A small append's notification also carries its data. Data committed by this process, or carried
+by a notification, is kept briefly per watched stream (``Appended``); a reader whose offset is
+exactly where it starts takes it from memory. Otherwise, and whenever in doubt (a gap, a lost
+LISTEN connection, a large append), a woken reader re-reads the store, which stays the
+authority (docs/decisions.md).
 
 Readers subscribe BEFORE they read and wait after, so a change between the read and the wait is
 never missed. While a subscription waits it holds no database connection. If the LISTEN
@@ -13,15 +17,45 @@ connection drops, it reconnects with backoff and wakes every waiter once (they r
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 
 import psycopg
+
+from streams.protocol.offsets import Offset
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "ds_streams"
+# Recent local appends kept per watched stream, and the largest one worth keeping.
+RECENT_APPENDS = 64
+RECENT_MAX_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Messages this process committed to a stream, from ``start`` to ``end``."""
+
+    start: Offset
+    end: Offset
+    messages: tuple[bytes, ...]
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LocalDelivery:
+    """What a reader at some offset can take from memory: messages up to ``end``."""
+
+    messages: list[bytes]
+    end: Offset
+    closed: bool
+    # True when ``end`` is the newest tail this process knows of.
+    up_to_date: bool
 
 
 class Subscription:
@@ -57,6 +91,7 @@ class LiveHub:
         # Highest (next_seq, state) seen per watched stream, so the NOTIFY that follows a local
         # publish of the same change does not wake readers a second time.
         self._seen: dict[int, tuple[int, str]] = {}
+        self._recent: dict[int, deque[Appended]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,11 +110,61 @@ class LiveHub:
                 if not subscribers:
                     del self._subscriptions[stream_id]
                     self._seen.pop(stream_id, None)
+                    self._recent.pop(stream_id, None)
 
-    def publish(self, stream_id: int, next_seq: int, closed: bool) -> None:
+    def publish(
+        self, stream_id: int, next_seq: int, closed: bool, appended: Iterable[Appended] = ()
+    ) -> None:
+        """A local commit: keep its data for local readers, then wake them."""
+        for entry in appended:
+            self._remember(stream_id, entry)
         self._changed(stream_id, next_seq, "c" if closed else "o")
 
+    def _remember(self, stream_id: int, entry: Appended) -> None:
+        """Keep committed data for readers of a watched stream. The same append can arrive
+        twice (a local commit and its NOTIFY, in either order): what starts before the end of
+        what is kept is already there, or older than it."""
+        if stream_id not in self._subscriptions:
+            return
+        recent = self._recent.setdefault(stream_id, deque(maxlen=RECENT_APPENDS))
+        if recent and entry.start.seq < recent[-1].end.seq:
+            return
+        if sum(map(len, entry.messages)) > RECENT_MAX_BYTES:
+            recent.clear()  # too big to keep: readers re-read
+        else:
+            recent.append(entry)
+
+    def local_delivery(
+        self, stream_id: int, offset: Offset, max_bytes: int
+    ) -> LocalDelivery | None:
+        """The kept messages from exactly ``offset`` on, as far as they are contiguous and
+        (after the first append) within ``max_bytes``; None when this process does not have
+        the data at ``offset``."""
+        recent = self._recent.get(stream_id)
+        if not recent:
+            return None
+        messages: list[bytes] = []
+        position = offset
+        closed = False
+        matched = False
+        for entry in recent:
+            if matched and entry.end.pos - offset.pos > max_bytes:
+                break
+            if entry.start == position:
+                messages.extend(entry.messages)
+                position = entry.end
+                closed = entry.closed
+                matched = True
+            elif matched or entry.start > position:
+                break
+        if not matched:
+            return None
+        seen = self._seen.get(stream_id)
+        up_to_date = seen is not None and seen[0] <= position.seq
+        return LocalDelivery(messages, position, closed, up_to_date)
+
     def publish_deleted(self, stream_id: int) -> None:
+        self._recent.pop(stream_id, None)
         self._changed(stream_id, -1, "d")
 
     def _changed(self, stream_id: int, next_seq: int, state: str) -> None:
@@ -94,17 +179,28 @@ class LiveHub:
             subscription.wake()
 
     def _wake_all(self) -> None:
+        # Notifications may have been missed: what is kept can no longer be known complete.
         self._seen.clear()
+        self._recent.clear()
         for subscribers in self._subscriptions.values():
             for subscription in subscribers:
                 subscription.wake()
 
     def _on_notify(self, payload: str) -> None:
+        """``"<id>:<next seq>:<o|c|d>"``, and for small appends that stored every request
+        ``":<first seq>:<first pos>:<lengths, comma-separated>:<base64 data>"``
+        (``ds_notify_payload`` in streams/store/sql/functions.sql)."""
         try:
-            stream_id, next_seq, state = payload.split(":")
-            self._changed(int(stream_id), int(next_seq), state)
-        except ValueError:
-            logger.warning("ignoring malformed notification %r", payload)
+            parts = payload.split(":", 6)
+            stream_id, next_seq, state = int(parts[0]), int(parts[1]), parts[2]
+            if state == "d":
+                self._recent.pop(stream_id, None)
+            elif len(parts) == 7 and stream_id in self._subscriptions:
+                self._remember(stream_id, _notified(parts[3:], closed=state == "c"))
+        except (ValueError, IndexError, binascii.Error):
+            logger.warning("ignoring malformed notification %r", payload[:200])
+            return
+        self._changed(stream_id, next_seq, state)
 
     async def _ensure_listener(self) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +238,22 @@ class LiveHub:
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+
+def _notified(fields: list[str], *, closed: bool) -> Appended:
+    first_seq, first_pos, lengths_csv, encoded = fields
+    data = base64.b64decode(encoded, validate=True)
+    lengths = [int(n) for n in lengths_csv.split(",")] if lengths_csv else []
+    if sum(lengths) != len(data):
+        raise ValueError("lengths do not match the data")
+    messages = []
+    at = 0
+    for length in lengths:
+        messages.append(data[at : at + length])
+        at += length
+    start = Offset(int(first_seq), int(first_pos))
+    end = Offset(start.seq + len(messages), start.pos + len(data))
+    return Appended(start, end, tuple(messages), closed)
 
 
 hub = LiveHub()

@@ -225,7 +225,11 @@ LANGUAGE sql STABLE AS $$
      LIMIT p_limit
 $$;
 
+-- plpgsql, not sql: called once per append from plpgsql, an SQL function is planned on every
+-- call (measured: 44 us of a 180 us append); plpgsql caches the plan.
 CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT version FROM ds_state_stream WHERE stream_id = p_stream_id
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT version FROM ds_state_stream WHERE stream_id = p_stream_id);
+END;
 $$;

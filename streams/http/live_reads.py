@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from django.conf import settings
 
@@ -46,9 +47,14 @@ async def long_poll(request: Request) -> Response:
     cursor = cursors.next_cursor(request.query_value("cursor"))
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     async with hub.subscribe(meta.id) as subscription:
+        first = True
         while True:
             subscription.arm()
-            meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+            if first:
+                meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+                first = False
+            else:
+                meta, result = await next_read(meta, offset)
             if result.messages:
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
@@ -56,6 +62,24 @@ async def long_poll(request: Request) -> Response:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await subscription.wait(remaining):
                 return tail_response(meta, 204, cursor=cursor)
+
+
+async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
+    """What a woken reader reads next: data kept in memory from ``offset`` on (no database
+    round trip; streams.live), or else a re-read of the store."""
+    delivery = hub.local_delivery(meta.id, offset, settings.DS_MAX_READ_BYTES)
+    if delivery is None:
+        return await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+    closed = delivery.closed and delivery.up_to_date
+    fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
+    result = ReadResult(
+        messages=delivery.messages,
+        start=offset,
+        next_offset=delivery.end,
+        up_to_date=delivery.up_to_date,
+        closed_at_tail=closed,
+    )
+    return fresh, result
 
 
 async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
@@ -127,9 +151,7 @@ class SseSession:
                 if not await self._wait(subscription):
                     return
             subscription.arm()
-            self.meta, result = await reads.reread(
-                self.meta, self.offset, settings.DS_MAX_READ_BYTES
-            )
+            self.meta, result = await next_read(self.meta, self.offset)
 
     async def _wait(self, subscription: Subscription) -> bool:
         """Wait for a change; False when the connection should end (reconnect interval). An idle

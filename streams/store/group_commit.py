@@ -19,6 +19,7 @@ from django.conf import settings
 
 from streams import extensions, live
 from streams.errors import ProtocolError
+from streams.protocol.offsets import Offset
 from streams.store.types import AppendRequest, AppendResult
 from streams.store.writes import append_batch
 
@@ -104,15 +105,20 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
 
 
 def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
-    """Wake this process's readers at once (other processes hear the NOTIFY), and tell the
-    append listeners about streams with extra rules (streams.extensions)."""
+    """Wake this process's readers at once, handing them the committed data (other processes
+    hear the NOTIFY and re-read), and tell the append listeners about streams with extra rules
+    (streams.extensions)."""
     last = None
     validated = False
+    appended = []
     for request, result in zip(batch, results, strict=True):
         if isinstance(result, AppendResult) and not result.duplicate:
             last = result
             validated = validated or request.validation_version is not None
+            end = result.next_offset
+            start = Offset(end.seq - len(request.messages), end.pos - request.size)
+            appended.append(live.Appended(start, end, tuple(request.messages), result.closed))
     if last is not None:
-        live.hub.publish(last.stream_id, last.next_offset.seq, last.closed)
+        live.hub.publish(last.stream_id, last.next_offset.seq, last.closed, appended)
         if validated:
             extensions.appended(last.stream_id)

@@ -29,7 +29,7 @@ CREATE OR REPLACE FUNCTION ds_hook_appended(s ds_stream, p_from_seq bigint, p_to
 RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
-LANGUAGE sql STABLE AS $$ SELECT NULL::bigint $$;
+LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
 
 -- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1)
 CREATE OR REPLACE FUNCTION ds_is_expired(s ds_stream) RETURNS boolean
@@ -441,6 +441,30 @@ BEGIN
 END;
 $$;
 
+-- The notification of an append: "<id>:<next seq>:<o|c>" (open or closed), and when every
+-- request of the batch was stored and the data is small (and not empty), the data itself:
+-- ":<first seq>:<first pos>:<message lengths, comma-separated>:<base64 of the messages>".
+-- Readers in other processes then deliver it without reading the store; without it (or when
+-- it does not continue exactly where a reader is) they re-read (streams/live.py).
+CREATE OR REPLACE FUNCTION ds_notify_payload(
+    s ds_stream, p_next_seq bigint, p_closed boolean, p_lengths int[], p_data bytea,
+    p_all_stored boolean
+) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_head text := s.id || ':' || p_next_seq || ':' || CASE WHEN p_closed THEN 'c' ELSE 'o' END;
+BEGIN
+    -- NOTIFY payloads are limited to 8000 bytes; base64 grows data by a third.
+    IF NOT p_all_stored OR p_data IS NULL OR octet_length(p_data) > 4096
+       OR coalesce(array_length(p_lengths, 1), 0) NOT BETWEEN 1 AND 256 THEN
+        RETURN v_head;
+    END IF;
+    RETURN v_head || ':' || s.next_seq || ':' || s.next_pos || ':'
+        || array_to_string(p_lengths, ',') || ':'
+        || translate(encode(p_data, 'base64'), E'\n', '');
+END;
+$$;
+
 -- Append a batch of requests to one stream in one transaction (group commit: requests that
 -- arrive while the stream's previous batch is being written share the next one, and its fsync).
 -- Each request is judged on its own, in order, exactly as if it had come alone, so one refused
@@ -497,7 +521,8 @@ DECLARE
     v_validation bigint;
 BEGIN
     SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
-    IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
+    IF FOUND AND s.deleted_at IS NULL
+       AND (s.ttl_seconds IS NOT NULL OR s.expires_at IS NOT NULL) AND ds_is_expired(s) THEN
         PERFORM ds_expire(s);
         outcome := 'not_found';
     ELSIF NOT FOUND THEN
@@ -628,16 +653,23 @@ BEGIN
     END LOOP;
 
     IF v_any THEN
-        INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
-        SELECT s.id, s.next_seq + row_number() OVER w - 1,
-               s.next_pos + sum(u.len) OVER w - u.len,
-               substring(p_data FROM (u.start + 1)::int FOR u.len),
-               lead(u.owner) OVER w IS DISTINCT FROM u.owner
-          FROM (SELECT m.len, m.owner, m.ord,
-                       sum(m.len) OVER (ORDER BY m.ord) - m.len AS start
-                  FROM unnest(p_lengths, p_owners) WITH ORDINALITY AS m(len, owner, ord)) AS u
-         WHERE v_accept[u.owner]
-        WINDOW w AS (ORDER BY u.ord);
+        IF n = 1 AND array_length(p_lengths, 1) = 1 THEN
+            -- The common case, one request of one message: a plain insert.
+            INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+            VALUES (s.id, s.next_seq, s.next_pos, p_data, true);
+        ELSE
+            INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+            SELECT s.id, s.next_seq + row_number() OVER w - 1,
+                   s.next_pos + sum(u.len) OVER w - u.len,
+                   substring(p_data FROM (u.start + 1)::int FOR u.len),
+                   lead(u.owner) OVER w IS DISTINCT FROM u.owner
+              FROM (SELECT m.len, m.owner, m.ord,
+                           sum(m.len) OVER (ORDER BY m.ord) - m.len AS start
+                      FROM unnest(p_lengths, p_owners) WITH ORDINALITY AS m(len, owner, ord)
+                   ) AS u
+             WHERE v_accept[u.owner]
+            WINDOW w AS (ORDER BY u.ord);
+        END IF;
         IF v_seq > s.next_seq THEN
             PERFORM ds_hook_appended(s, s.next_seq, v_seq);
         END IF;
@@ -647,8 +679,8 @@ BEGIN
                closed_by_seq = v_closed_seq, last_stream_seq = v_stream_seq,
                accessed_at = now()
          WHERE t.id = s.id;
-        PERFORM pg_notify('ds_streams',
-            s.id || ':' || v_seq || ':' || CASE WHEN v_closed THEN 'c' ELSE 'o' END);
+        PERFORM pg_notify('ds_streams', ds_notify_payload(
+            s, v_seq, v_closed, p_lengths, p_data, NOT (false = ANY (v_accept))));
     ELSIF s.ttl_seconds IS NOT NULL THEN
         UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
     END IF;
