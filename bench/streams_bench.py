@@ -1,6 +1,6 @@
 """Benchmark of the base protocol against a running server. Starts nothing itself.
 
-Usage: python bench/streams_bench.py BASE_URL [--quick]
+Usage: python bench/streams_bench.py BASE_URL [--quick] [--only sse,long-poll,...]
 
 Prints: append RTT p50/p99; appends/s with 16 concurrent idempotent producers on one stream and
 with each producer on its own stream (100-byte messages); 64 KiB append MB/s; SSE and long-poll
@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -176,25 +177,43 @@ class Bench:
         print(f"{label:40s} {received / elapsed / 1e6:8.1f} MB/s ({received / 1e6:.0f} MB)")
 
 
+MEASUREMENTS: dict[str, Callable[[Bench], Awaitable[None]]] = {
+    "rtt": Bench.append_rtt,
+    "producers": lambda bench: bench.producers("16 producers, one stream:", same_stream=True),
+    "own-streams": lambda bench: bench.producers("16 producers, own streams:", same_stream=False),
+    "large": Bench.large_appends,
+    "sse": Bench.sse_latency,
+    "long-poll": Bench.long_poll_latency,
+    "catch-up-binary": lambda bench: bench.catch_up(
+        "catch-up read, binary stream:", "application/octet-stream", 50_000_000
+    ),
+    "catch-up-json": lambda bench: bench.catch_up(
+        "catch-up read, JSON stream:", "application/json", 50_000_000
+    ),
+}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base_url")
     parser.add_argument("--quick", action="store_true", help="a tenth of the work, for a smoke run")
+    parser.add_argument(
+        "--only",
+        default=",".join(MEASUREMENTS),
+        help=f"comma-separated measurements to run (default: all of {','.join(MEASUREMENTS)})",
+    )
     args = parser.parse_args()
+    chosen = args.only.split(",")
+    unknown = set(chosen) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         bench = Bench(args.base_url, session, 0.1 if args.quick else 1.0)
         print(f"server: {args.base_url}")
-        await bench.append_rtt()
-        await bench.producers("16 producers, one stream:", same_stream=True)
-        await bench.producers("16 producers, own streams:", same_stream=False)
-        await bench.large_appends()
-        await bench.sse_latency()
-        await bench.long_poll_latency()
-        await bench.catch_up(
-            "catch-up read, binary stream:", "application/octet-stream", 50_000_000
-        )
-        await bench.catch_up("catch-up read, JSON stream:", "application/json", 50_000_000)
+        for name in MEASUREMENTS:
+            if name in chosen:
+                await MEASUREMENTS[name](bench)
 
 
 if __name__ == "__main__":
