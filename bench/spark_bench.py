@@ -32,10 +32,11 @@ BATCH = 1000
 TYPES = ["user", "order", "item", "session", "flag", "team", "note", "task"]
 
 
-def batch(producer: int, index: int) -> bytes:
-    rng = random.Random(producer * 1_000_003 + index)
+def batch(index: int, size: int) -> bytes:
+    rng = random.Random(index)
+    producer = index % 16
     events = []
-    for i in range(BATCH):
+    for i in range(size):
         entity_type = rng.choice(TYPES)
         key = f"{entity_type}-{rng.randrange(20_000)}"
         if rng.random() < 0.1:
@@ -61,15 +62,18 @@ def batch(producer: int, index: int) -> bytes:
 
 async def generate(base: str, path: str, events: int, producers: int = 16) -> float:
     url = f"{base}/v1/stream/{path}"
-    per_producer = max(1, events // BATCH // producers)
+    # Batch n holds events n*BATCH onwards; the last one may be short. Producer p sends the
+    # batches p, p + producers, ... in order.
+    sizes = [min(BATCH, events - start) for start in range(0, events, BATCH)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async with session.put(url, headers={"Content-Type": "application/json"}) as response:
             assert response.status == 201, response.status
 
         async def producer(index: int) -> None:
-            for n in range(per_producer):
+            for n in range(index, len(sizes), producers):
                 headers = {"Content-Type": "application/json"}
-                async with session.post(url, data=batch(index, n), headers=headers) as response:
+                body = batch(n, sizes[n])
+                async with session.post(url, data=body, headers=headers) as response:
                     assert response.status == 204, await response.text()
 
         started = time.perf_counter()
@@ -111,7 +115,7 @@ async def main() -> None:
     path = f"bench-spark-{uuid.uuid4().hex[:8]}"
 
     generated = await generate(base, path, args.events)
-    events = args.events // BATCH // 16 * 16 * BATCH
+    events = args.events
     print(f"generated {events} events in {generated:.1f}s ({events / generated:.0f} events/s)")
 
     in_process = await register(base, path)
