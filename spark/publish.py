@@ -16,7 +16,6 @@ from typing import Any
 from django.db import connection, transaction
 
 from state.models import StateStream
-from streams.models import Stream
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,6 @@ class PlannedStream:
         }
 
 
-def _segments(stream: Stream) -> list[tuple[int, int, int]]:
-    segments: list[tuple[int, int, int]] = []
-    current: Stream | None = stream
-    upper = stream.next_seq
-    while current is not None:
-        lower = current.fork_seq or 0
-        if lower < upper:
-            segments.append((current.pk, lower, upper))
-        upper = min(upper, lower)
-        current = current.fork_source
-    return list(reversed(segments))
-
-
 def plan(paths: list[str] | None) -> list[PlannedStream]:
     """The registered streams to materialize (all when ``paths`` is None), each with the tail
     the job reads up to."""
@@ -67,7 +53,7 @@ def plan(paths: list[str] | None) -> list[PlannedStream]:
             version=r.version,
             tail_seq=r.stream.next_seq,
             tail_pos=r.stream.next_pos,
-            segments=_segments(r.stream),
+            segments=r.stream.segments(),
             schemas=r.schemas,
         )
         for r in registrations

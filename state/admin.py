@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from state.models import EntityState, StateStream
+from streams.admin import ReadOnlyAdmin
 
 
 def _pretty(value: Any) -> str:
@@ -19,17 +20,6 @@ def _pretty(value: Any) -> str:
         '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
         json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
     )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(StateStream)

@@ -37,23 +37,9 @@ class RebuildResult:
     last_error: str
 
 
-def _segments(stream: Stream) -> list[tuple[int, int, int]]:
-    """(stream id, first seq, end seq) of the rows that make up the stream, oldest first."""
-    segments: list[tuple[int, int, int]] = []
-    current: Stream | None = stream
-    upper = stream.next_seq
-    while current is not None:
-        lower = current.fork_seq or 0
-        if lower < upper:
-            segments.append((current.pk, lower, upper))
-        upper = min(upper, lower)
-        current = current.fork_source
-    return list(reversed(segments))
-
-
 def messages(stream: Stream) -> Iterator[tuple[int, int, bytes]]:
     """(seq, pos, data) of every message of the stream, through its fork chain, in order."""
-    for stream_id, lower, upper in _segments(stream):
+    for stream_id, lower, upper in stream.segments():
         rows = (
             Message.objects.filter(stream_id=stream_id, seq__gte=lower, seq__lt=upper)
             .order_by("seq")

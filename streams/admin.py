@@ -73,6 +73,19 @@ class ForkedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Browsing only: what the protocol writes is changed through the protocol."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Stream)
 class StreamAdmin(admin.ModelAdmin):
     list_display = [

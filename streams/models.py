@@ -75,6 +75,20 @@ class Stream(models.Model):
     def is_fork(self) -> bool:
         return self.fork_source_id is not None
 
+    def segments(self) -> list[tuple[int, int, int]]:
+        """(stream id, first seq, end seq) of the message rows that make up this stream,
+        oldest first: a fork reads its source chain below its fork point."""
+        segments: list[tuple[int, int, int]] = []
+        current: Stream | None = self
+        upper = self.next_seq
+        while current is not None:
+            lower = current.fork_seq or 0
+            if lower < upper:
+                segments.append((current.pk, lower, upper))
+            upper = min(upper, lower)
+            current = current.fork_source
+        return list(reversed(segments))
+
 
 class Message(models.Model):
     """One stored message: one append of a byte or text stream, or one flattened element of a

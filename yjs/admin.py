@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
+from streams.admin import ReadOnlyAdmin
 from streams.models import Message
 from yjs.compaction import bytes_since_snapshot, compact
 from yjs.framing import read_frames
@@ -20,7 +21,7 @@ from yjs.updates import snapshot_of
 
 
 @admin.register(YjsDocument)
-class YjsDocumentAdmin(admin.ModelAdmin):
+class YjsDocumentAdmin(ReadOnlyAdmin):
     list_display = ["path", "service", "since_snapshot", "snapshot_offset", "snapshot_time",
                     "compactions", "created_at"]  # fmt: skip
     list_filter = ["service"]
@@ -31,15 +32,6 @@ class YjsDocumentAdmin(admin.ModelAdmin):
     fields = ["service", "path", "since_snapshot", "snapshot_offset", "snapshot_time",
               "compactions", "created_at", "content"]  # fmt: skip
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="bytes since snapshot")
     def since_snapshot(self, obj: YjsDocument) -> int:

@@ -31,6 +31,7 @@ from state.core import (
     is_control_event,
     parse_event,
 )
+from tests.state.support import model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,21 +99,6 @@ NON_RESET = tuple(c for c in CONTROLS if c != "reset")
 state_events = st.one_of(change_events(), change_events(), change_events(), control_events())
 event_lists = st.lists(state_events, max_size=30)
 change_lists = st.lists(change_events(), max_size=20)
-
-
-def model(events: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
-    """state-protocol-0.1.md 5.2/5.3 written out: the state a list of raw events describes."""
-    state: dict[tuple[str, str], Any] = {}
-    for event in events:
-        headers = event["headers"]
-        if "control" in headers:
-            if headers["control"] == "reset":
-                state.clear()
-        elif headers["operation"] == "delete":
-            state.pop((event["type"], event["key"]), None)
-        else:
-            state[(event["type"], event["key"])] = event["value"]
-    return state
 
 
 def as_dict(state: MaterializedState) -> dict[tuple[str, str], Any]:
