@@ -14,6 +14,7 @@ JS_STAMP := $(JS_DIR)/node_modules/.installed
 setup: $(PY_STAMP)
 	@scripts/setup-system.sh
 	@$(PY) manage.py migrate --no-input -v 0
+	@$(PY) manage.py collectstatic --no-input -v 0
 
 $(PY_STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

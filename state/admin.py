@@ -17,7 +17,7 @@ from streams.admin import ReadOnlyAdmin
 
 def _pretty(value: Any) -> str:
     return format_html(
-        '<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
+        '<pre class="ds-preview">{}</pre>',
         json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True),
     )
 

@@ -76,6 +76,9 @@ class ForkedFilter(admin.SimpleListFilter):
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Browsing only: what the protocol writes is changed through the protocol."""
 
+    class Media:
+        css = {"all": ["durable_streams/admin.css"]}
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

@@ -145,6 +145,10 @@ def database_url(django_db_setup: None, django_db_blocker: Any) -> str:
 def start_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Factory: ``start_server(env={...}, kind="uvicorn")`` starts a server process that is
     stopped at the end of the session."""
+    from django.core.management import call_command
+
+    # The servers run with DEBUG off, as in production: WhiteNoise serves collected files.
+    call_command("collectstatic", interactive=False, verbosity=0)
     started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")
 

@@ -57,7 +57,7 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
         roots = describe(snapshot_of(updates))
         return format_html_join(
             "",
-            '<h4 style="margin: 0.5em 0 0">{}</h4><pre style="white-space: pre-wrap">{}</pre>',
+            '<h4 class="ds-preview-heading">{}</h4><pre class="ds-preview">{}</pre>',
             roots.items(),
         ) or format_html("<em>{}</em>", "no content")
 

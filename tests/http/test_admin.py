@@ -102,6 +102,12 @@ def test_admin_lists_filters_and_shows_streams(
     blob = admin_client.get(f"/admin/streams/stream/{binary_id.group(1)}/messages/")
     assert "00 01 02 ff" in blob.text  # hex preview
 
+    # The previews' stylesheet, from the project's static/ directory.
+    stylesheet = re.search(r'href="([^"]*durable_streams/admin\.css)"', messages.text)
+    assert stylesheet is not None
+    css = admin_client.get(stylesheet.group(1))
+    assert css.status_code == 200 and ".ds-preview" in css.text
+
 
 def test_admin_is_read_only_and_deletes_through_the_protocol(
     admin_client: httpx.Client, client: httpx.Client
@@ -169,6 +175,7 @@ def test_admin_shows_state_streams_and_entities(
     assert entity_id is not None
     entity = admin_client.get(f"/admin/state/entitystate/{entity_id.group(1)}/change/")
     assert "&quot;name&quot;: &quot;Ada&quot;" in entity.text
+    assert 'class="ds-preview"' in entity.text and "durable_streams/admin.css" in entity.text
 
 
 def test_admin_shows_and_compacts_yjs_documents(
