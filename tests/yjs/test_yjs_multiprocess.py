@@ -11,7 +11,7 @@ import httpx
 import psycopg
 from pycrdt import Doc, Text
 
-from yjs.framing import frame
+from yjs.framing import frame, read_frames
 
 THRESHOLD = 1500
 
@@ -60,9 +60,18 @@ def test_one_compaction_when_two_processes_cross_the_threshold(
         location = client.get(urls[0], params={"offset": "snapshot"}).headers["Location"]
         snapshot = client.get(f"{first.base_url}{location}")
         assert snapshot.status_code == 200
+        # The snapshot covers what was stored when the compaction started: both small updates,
+        # or only the one that committed first (the other is then below the threshold). A
+        # client loads it, then the updates from its Stream-Next-Offset on.
+        since = client.get(urls[1], params={"offset": snapshot.headers["Stream-Next-Offset"]})
+        assert since.status_code == 200
+        pending = read_frames(since.content)
+        assert len(pending) <= 1
         restored = Doc()
         restored_text = restored.get("text", type=Text)
         restored.apply_update(snapshot.content)
+        for update in pending:
+            restored.apply_update(update)
         assert str(restored_text) == str(text)
 
     with psycopg.connect(database_url) as conn:
