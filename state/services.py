@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models.expressions import RawSQL
 from jsonschema.exceptions import SchemaError
 
 from state.core.schemas import compile_schemas
@@ -31,12 +30,7 @@ class Registered:
 
 def locked_stream(path: str) -> Stream:
     """The live stream at ``path``, row-locked until the transaction ends."""
-    stream = (
-        Stream.objects.select_for_update()
-        .annotate(expired=RawSQL("ds_is_expired(ds_stream.*)", []))
-        .filter(path=path)
-        .first()
-    )
+    stream = Stream.objects.select_for_update().with_expired().filter(path=path).first()
     if stream is None or stream.expired:  # type: ignore[attr-defined]
         raise NotFound(f"stream {path!r} not found")
     if stream.deleted_at is not None:

@@ -13,14 +13,13 @@ from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q, QuerySet
-from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from streams.models import Message, Producer, Stream
+from streams.models import Message, Producer, Stream, StreamQuerySet
 from streams.preview import preview
 from streams.protocol.headers import media_type
 from streams.protocol.offsets import Offset
@@ -47,12 +46,10 @@ class ExpiredFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("yes", "Expired"), ("no", "Live")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Stream]) -> QuerySet[Stream]:
+    def queryset(self, request: HttpRequest, queryset: StreamQuerySet) -> StreamQuerySet:
         if self.value() not in ("yes", "no"):
             return queryset
-        # The same rule the SQL write path applies (ds_is_expired).
-        annotated = queryset.annotate(is_expired=RawSQL("ds_is_expired(ds_stream.*)", []))
-        return annotated.filter(is_expired=self.value() == "yes")
+        return queryset.with_expired().filter(expired=self.value() == "yes")
 
 
 class ForkedFilter(admin.SimpleListFilter):
@@ -90,7 +87,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Stream)
-class StreamAdmin(admin.ModelAdmin):
+class StreamAdmin(ReadOnlyAdmin):
     list_display = [
         "path",
         "content_type",
@@ -134,19 +131,14 @@ class StreamAdmin(admin.ModelAdmin):
         "messages_link",
     ]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
-        return False
-
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # the ORM delete would bypass the write path
         return actions
 
     def has_delete_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
-        return obj is None and super().has_delete_permission(request)
+        # Only the protocol delete action, never the ORM delete of one object.
+        return obj is None and admin.ModelAdmin.has_delete_permission(self, request)
 
     @admin.action(description="Delete selected streams (as a client DELETE would)")
     def delete_streams(self, request: HttpRequest, queryset: QuerySet[Stream]) -> None:
@@ -212,7 +204,7 @@ class StreamAdmin(admin.ModelAdmin):
     @admin.display(description="messages")
     def messages_link(self, obj: Stream) -> str:
         url = reverse("admin:streams_stream_messages", args=[obj.pk])
-        own = obj.next_seq - (obj.fork_seq or 0)
+        own = obj.own_message_count
         return format_html('<a href="{}">Browse {} stored messages</a>', url, own)
 
     def get_urls(self) -> list[URLPattern]:
@@ -231,8 +223,7 @@ class StreamAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request, stream):
             return HttpResponse(status=403)
         rows = Message.objects.filter(stream_id=stream.pk).order_by("seq")
-        own_messages = stream.next_seq - (stream.fork_seq or 0)
-        page = _KnownCountPaginator(rows, MESSAGES_PER_PAGE, own_messages).get_page(
+        page = _KnownCountPaginator(rows, MESSAGES_PER_PAGE, stream.own_message_count).get_page(
             request.GET.get("page")
         )
         stream_media_type = media_type(stream.content_type)

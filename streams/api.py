@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from django.db.models.expressions import RawSQL
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers
@@ -44,7 +43,7 @@ class StreamCatalog(generics.ListAPIView):
     def get_queryset(self) -> QuerySet[Stream]:
         streams = (
             Stream.objects.filter(deleted_at__isnull=True)
-            .annotate(expired=RawSQL("ds_is_expired(ds_stream.*)", []))
+            .with_expired()
             .filter(expired=False)
             .exclude(path__startswith=INTERNAL_PREFIX)
             .order_by("path")

@@ -120,16 +120,24 @@ class LiveHub:
             self._remember(stream_id, entry)
         self._changed(stream_id, next_seq, "c" if closed else "o")
 
-    def _remember(self, stream_id: int, entry: Appended) -> None:
-        """Keep committed data for readers of a watched stream. The same append can arrive
-        twice (a local commit and its NOTIFY, in either order): what starts before the end of
-        what is kept is already there, or older than it."""
+    def watches(self, stream_id: int) -> bool:
+        """Does a reader in this process wait on the stream?"""
+        return stream_id in self._subscriptions
+
+    def _wants(self, stream_id: int, first_seq: int) -> bool:
+        """Should data starting at ``first_seq`` be kept? Only for watched streams, and only
+        once: the same append arrives twice (a local commit and its NOTIFY, in either order),
+        and what starts before the end of what is kept is already there, or older."""
         if stream_id not in self._subscriptions:
+            return False
+        recent = self._recent.get(stream_id)
+        return not recent or first_seq >= recent[-1].end.seq
+
+    def _remember(self, stream_id: int, entry: Appended) -> None:
+        if not self._wants(stream_id, entry.start.seq):
             return
         recent = self._recent.setdefault(stream_id, deque(maxlen=RECENT_APPENDS))
-        if recent and entry.start.seq < recent[-1].end.seq:
-            return
-        if sum(map(len, entry.messages)) > RECENT_MAX_BYTES:
+        if entry.end.pos - entry.start.pos > RECENT_MAX_BYTES:
             recent.clear()  # too big to keep: readers re-read
         else:
             recent.append(entry)
@@ -195,7 +203,7 @@ class LiveHub:
             stream_id, next_seq, state = int(parts[0]), int(parts[1]), parts[2]
             if state == "d":
                 self._recent.pop(stream_id, None)
-            elif len(parts) == 7 and stream_id in self._subscriptions:
+            elif len(parts) == 7 and self._wants(stream_id, int(parts[3])):
                 self._remember(stream_id, _notified(parts[3:], closed=state == "c"))
         except (ValueError, IndexError, binascii.Error):
             logger.warning("ignoring malformed notification %r", payload[:200])

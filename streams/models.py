@@ -10,6 +10,13 @@ Offsets are ``{seq:016d}_{pos:016d}``: the number of messages and of bytes befor
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.expressions import RawSQL
+
+
+class StreamQuerySet(models.QuerySet["Stream"]):
+    def with_expired(self) -> StreamQuerySet:
+        """Annotate ``expired``: the rule the SQL write path applies (``ds_is_expired``)."""
+        return self.annotate(expired=RawSQL("ds_is_expired(ds_stream.*)", []))
 
 
 class Stream(models.Model):
@@ -53,6 +60,8 @@ class Stream(models.Model):
     fork_refcount = models.IntegerField(default=0)
     deleted_at = models.DateTimeField(null=True, blank=True)
 
+    objects = StreamQuerySet.as_manager()
+
     class Meta:
         db_table = "ds_stream"
         indexes = [
@@ -74,6 +83,11 @@ class Stream(models.Model):
     @property
     def is_fork(self) -> bool:
         return self.fork_source_id is not None
+
+    @property
+    def own_message_count(self) -> int:
+        """Messages stored under this stream's own id (a fork's start at ``fork_seq``)."""
+        return self.next_seq - (self.fork_seq or 0)
 
     def segments(self) -> list[tuple[int, int, int]]:
         """(stream id, first seq, end seq) of the message rows that make up this stream,

@@ -47,14 +47,9 @@ async def long_poll(request: Request) -> Response:
     cursor = cursors.next_cursor(request.query_value("cursor"))
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     async with hub.subscribe(meta.id) as subscription:
-        first = True
+        subscription.arm()
+        meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
         while True:
-            subscription.arm()
-            if first:
-                meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
-                first = False
-            else:
-                meta, result = await next_read(meta, offset)
             if result.messages:
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
@@ -62,6 +57,8 @@ async def long_poll(request: Request) -> Response:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await subscription.wait(remaining):
                 return tail_response(meta, 204, cursor=cursor)
+            subscription.arm()
+            meta, result = await next_read(meta, offset)
 
 
 async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:

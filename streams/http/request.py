@@ -108,10 +108,12 @@ def build_request(scope: Scope, receive: Receive, prefix: str) -> Request:
     encoded = _encoded_path(scope)
     if not encoded.startswith(prefix):
         raise BadRequest("not a stream URL")
-    return request_for(scope, receive, stream_path(encoded[len(prefix) :]))
+    return request_for(scope, receive, stream_path(encoded[len(prefix) :]), raw_path=encoded)
 
 
-def request_for(scope: Scope, receive: Receive, path: str) -> Request:
+def request_for(
+    scope: Scope, receive: Receive, path: str, *, raw_path: str | None = None
+) -> Request:
     """A request addressed to the stream at ``path`` (already validated), keeping the URL,
     query and headers it came with; endpoints built on streams (Yjs) map their URLs this way."""
     query_string = scope.get("query_string", b"").decode("latin-1")
@@ -122,7 +124,7 @@ def request_for(scope: Scope, receive: Receive, path: str) -> Request:
     return Request(
         method=scope["method"].upper(),
         path=path,
-        raw_path=_encoded_path(scope),
+        raw_path=_encoded_path(scope) if raw_path is None else raw_path,
         query=query,
         headers=_decode_headers(scope.get("headers", [])),
         scope=scope,

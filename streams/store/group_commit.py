@@ -105,20 +105,23 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
 
 
 def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
-    """Wake this process's readers at once, handing them the committed data (other processes
-    hear the NOTIFY and re-read), and tell the append listeners about streams with extra rules
+    """Wake this process's readers at once, handing watched streams' data to them (other
+    processes hear the NOTIFY), and tell the append listeners about streams with extra rules
     (streams.extensions)."""
-    last = None
-    validated = False
+    stored = [
+        (request, result)
+        for request, result in zip(batch, results, strict=True)
+        if isinstance(result, AppendResult) and not result.duplicate
+    ]
+    if not stored:
+        return
+    last = stored[-1][1]  # every request of a batch is for one stream
     appended = []
-    for request, result in zip(batch, results, strict=True):
-        if isinstance(result, AppendResult) and not result.duplicate:
-            last = result
-            validated = validated or request.validation_version is not None
+    if live.hub.watches(last.stream_id):
+        for request, result in stored:
             end = result.next_offset
             start = Offset(end.seq - len(request.messages), end.pos - request.size)
             appended.append(live.Appended(start, end, tuple(request.messages), result.closed))
-    if last is not None:
-        live.hub.publish(last.stream_id, last.next_offset.seq, last.closed, appended)
-        if validated:
-            extensions.appended(last.stream_id)
+    live.hub.publish(last.stream_id, last.next_offset.seq, last.closed, appended)
+    if any(request.validation_version is not None for request, _ in stored):
+        extensions.appended(last.stream_id)

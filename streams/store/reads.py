@@ -8,6 +8,7 @@ commit in between.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from streams.errors import BadRequest, Gone, NotFound
 from streams.protocol.offsets import Offset
@@ -98,20 +99,32 @@ async def read_range(meta: StreamMeta, start: Offset, max_bytes: int) -> ReadRes
                     _ROWS_SQL, (segment.stream_id, lo, hi, byte_limit), binary=True
                 )
                 rows = await cur.fetchall()
-                for seq, pos, data in rows:
-                    if seq != next_offset.seq or pos != next_offset.pos:
-                        raise BadRequest("offset does not belong to this stream")
-                    messages.append(bytes(data))
-                    next_offset = Offset(seq + 1, pos + len(data))
+                next_offset = _collect(rows, messages, next_offset)
                 if not rows or rows[-1][0] + 1 < hi:
                     break  # the byte budget ended this read inside the segment
         if not messages:
             raise BadRequest("offset does not belong to this stream")
-    up_to_date = next_offset == tail
+    return _result(meta, start, messages, next_offset)
+
+
+def _collect(rows: list[tuple[Any, ...]], messages: list[bytes], start: Offset) -> Offset:
+    """Add the ``(seq, pos, data)`` rows to ``messages``, checking that they continue exactly
+    from ``start``; the offset after them."""
+    next_offset = start
+    for seq, pos, data in rows:
+        if seq != next_offset.seq or pos != next_offset.pos:
+            raise BadRequest("offset does not belong to this stream")
+        messages.append(bytes(data))
+        next_offset = Offset(seq + 1, pos + len(data))
+    return next_offset
+
+
+def _result(meta: StreamMeta, start: Offset, messages: list[bytes], end: Offset) -> ReadResult:
+    up_to_date = end == meta.tail
     return ReadResult(
         messages=messages,
         start=start,
-        next_offset=next_offset,
+        next_offset=end,
         up_to_date=up_to_date,
         closed_at_tail=up_to_date and meta.closed,
     )
@@ -141,19 +154,6 @@ async def reread(meta: StreamMeta, start: Offset, max_bytes: int) -> tuple[Strea
     fresh = replace(meta, tail=Offset(next_seq, next_pos), closed=closed)
     check_offset(fresh, start)
     messages: list[bytes] = []
-    next_offset = start
-    for *_, seq, pos, data in rows:
-        if seq is None:
-            break
-        if seq != next_offset.seq or pos != next_offset.pos:
-            raise BadRequest("offset does not belong to this stream")
-        messages.append(bytes(data))
-        next_offset = Offset(seq + 1, pos + len(data))
-    up_to_date = next_offset == fresh.tail
-    return fresh, ReadResult(
-        messages=messages,
-        start=start,
-        next_offset=next_offset,
-        up_to_date=up_to_date,
-        closed_at_tail=up_to_date and closed,
-    )
+    # Without new messages the one row has a NULL message part (a LEFT JOIN).
+    found = [row[4:] for row in rows] if rows[0][4] is not None else []
+    return fresh, _result(fresh, start, messages, _collect(found, messages, start))

@@ -421,6 +421,26 @@ def test_single_invalid_event_body(client: httpx.Client, stream_path: str) -> No
     assert state_of(client, stream_path) == before
 
 
+def test_appends_refused_by_the_base_protocol_keep_their_answer(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """PROTOCOL.md 5.2: a registered stream answers a wrong content type and appends after
+    close with 409, as any stream does (not a validation failure, which would be 503)."""
+    create_json_stream(client, stream_path, [change("user", "1", {"name": "Ada"})])
+    register_ok(client, stream_path, SCHEMAS)
+    before = read_messages(client, stream_path)
+    wrong_type = client.post(
+        stream_url(stream_path), headers={"Content-Type": "text/plain"}, content=b"hello"
+    )
+    assert wrong_type.status_code == 409, wrong_type.text
+    closed = client.post(stream_url(stream_path), headers={"Stream-Closed": "true"})
+    assert closed.status_code == 204
+    after_close = append(client, stream_path, [change("user", "2", {"name": "Bo"})])
+    assert after_close.status_code == 409, after_close.text
+    assert after_close.headers["Stream-Closed"] == "true"
+    assert read_messages(client, stream_path)[0] == before[0]
+
+
 def test_schemas_apply_per_type_and_not_to_deletes(client: httpx.Client, stream_path: str) -> None:
     """STATE-PROTOCOL.md 7 (validation per entity type; it SHOULD NOT block other types) and
     state-protocol-0.1.md 4.1 rule 2 (a delete's value is ignored): types without a schema take

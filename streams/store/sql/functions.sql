@@ -244,29 +244,24 @@ BEGIN
 END;
 $$;
 
--- Insert the messages of one or more appends at (p_seq, p_pos); p_batch_end marks the last
--- message of each append. Returns the bytes written.
+-- Insert one append's messages at (p_seq, p_pos), its last message ending the batch. Returns
+-- the bytes written.
+DROP FUNCTION IF EXISTS ds_insert_messages(bigint, bigint, bigint, bytea[], boolean[]);
+DROP FUNCTION IF EXISTS ds_one_batch(int);
 CREATE OR REPLACE FUNCTION ds_insert_messages(
-    p_stream_id bigint, p_seq bigint, p_pos bigint, p_data bytea[], p_batch_end boolean[]
+    p_stream_id bigint, p_seq bigint, p_pos bigint, p_data bytea[]
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_bytes bigint;
-BEGIN
-    INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
-    SELECT p_stream_id, p_seq + u.ord - 1,
-           p_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d, u.e
-      FROM unnest(p_data, p_batch_end) WITH ORDINALITY AS u(d, e, ord)
-    WINDOW w AS (ORDER BY u.ord);
-    SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes FROM unnest(p_data) AS d;
-    RETURN v_bytes;
-END;
-$$;
-
--- An array of n values, all false but the last (the batch_end flags of one append).
-CREATE OR REPLACE FUNCTION ds_one_batch(n int) RETURNS boolean[]
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(array_agg(i = n ORDER BY i), '{}') FROM generate_series(1, n) AS i
+LANGUAGE sql AS $$
+    WITH inserted AS (
+        INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+        SELECT p_stream_id, p_seq + u.ord - 1,
+               p_pos + sum(octet_length(u.d)) OVER w - octet_length(u.d), u.d,
+               u.ord = cardinality(p_data)
+          FROM unnest(p_data) WITH ORDINALITY AS u(d, ord)
+        WINDOW w AS (ORDER BY u.ord)
+        RETURNING octet_length(data) AS len
+    )
+    SELECT coalesce(sum(len), 0)::bigint FROM inserted
 $$;
 
 -- Create a stream, or a fork of one (PROTOCOL.md 4.2, 5.1). Idempotent: an existing stream with
@@ -392,13 +387,11 @@ BEGIN
     v_seq := v_anchor_seq;
     v_pos := v_anchor_pos;
     IF array_length(v_prefix, 1) > 0 THEN
-        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, v_prefix,
-                                            ds_one_batch(array_length(v_prefix, 1)));
+        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, v_prefix);
         v_seq := v_seq + array_length(v_prefix, 1);
     END IF;
     IF array_length(p_data, 1) > 0 THEN
-        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, p_data,
-                                            ds_one_batch(array_length(p_data, 1)));
+        v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, p_data);
         v_seq := v_seq + array_length(p_data, 1);
     END IF;
     IF v_seq <> v_anchor_seq THEN
@@ -562,9 +555,7 @@ BEGIN
         expected_seq := NULL;
         v_known := false;
 
-        IF v_count > 0 AND (r ->> 8)::bigint IS DISTINCT FROM v_validation THEN
-            outcome := 'validation_stale';
-        ELSIF v_producer IS NOT NULL THEN
+        IF v_producer IS NOT NULL THEN
             SELECT p.epoch, p.last_seq INTO v_epoch, v_last
               FROM ds_producer AS p
              WHERE p.stream_id = s.id AND p.producer_id = v_producer;
@@ -617,6 +608,13 @@ BEGIN
 
         IF outcome IS NULL AND v_pos + v_bytes > p_max_stream_bytes THEN
             outcome := 'too_large';
+        END IF;
+
+        -- Last: a request that would be refused anyway (wrong content type, closed stream,
+        -- producer error) gets that answer, not a re-validation (streams.extensions).
+        IF outcome IS NULL AND v_count > 0
+           AND (r ->> 8)::bigint IS DISTINCT FROM v_validation THEN
+            outcome := 'validation_stale';
         END IF;
 
         IF outcome IS NULL THEN
