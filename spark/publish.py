@@ -112,8 +112,7 @@ def publish(
                 " invalid_events = %s, last_error = %s WHERE stream_id = %s",
                 [p.tail_seq, p.tail_pos, invalid_events, last_error, p.stream_id],
             )
-            cursor.execute("SELECT next_seq FROM ds_stream WHERE id = %s", [p.stream_id])
-            tail = cursor.fetchone()[0]
-            cursor.execute("SELECT ds_state_apply(%s, %s, %s)", [p.stream_id, p.tail_seq, tail])
-            results.append(Published(p.stream_id, entities, tail - p.tail_seq))
+            # What was appended during the job, as any catch-up applies it (row lock held).
+            cursor.execute("SELECT ds_state_catch_up(%s, NULL, true)", [p.stream_id])
+            results.append(Published(p.stream_id, entities, cursor.fetchone()[0]))
     return results

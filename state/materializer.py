@@ -18,9 +18,9 @@ from typing import Any
 
 from django.db import connection
 
-from state.core import InvalidEvent, MaterializedState, parse_event
+from state.core import MaterializedState
 from state.core.events import ChangeEvent
-from state.core.schemas import compile_schemas, schema_error, unstorable
+from state.core.schemas import SchemaValidator, compile_schemas, judge
 from state.models import StateStream
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
@@ -49,10 +49,16 @@ def messages(stream: Stream) -> Iterator[tuple[int, int, bytes]]:
             yield seq, pos, bytes(data)
 
 
-def rebuild(registration: StateStream, progress: Progress | None = None) -> RebuildResult:
-    """Recompute and replace the entities of a registered stream (row lock held by caller)."""
+def rebuild(
+    registration: StateStream,
+    progress: Progress | None = None,
+    validators: dict[str, SchemaValidator] | None = None,
+) -> RebuildResult:
+    """Recompute and replace the entities of a registered stream (row lock held by caller);
+    ``validators``: its schemas, when the caller has compiled them already."""
     stream = registration.stream
-    validators = compile_schemas(registration.schemas)
+    if validators is None:
+        validators = compile_schemas(registration.schemas)
     state = MaterializedState()
     invalid = 0
     last_error = ""
@@ -60,13 +66,8 @@ def rebuild(registration: StateStream, progress: Progress | None = None) -> Rebu
     for seq, pos, data in messages(stream):
         count += 1
         offset = str(Offset(seq, pos))
-        try:
-            event = parse_event(json.loads(data))
-        except (ValueError, InvalidEvent) as exc:  # not JSON, or not a State Event
-            reason: str | None = str(exc)
-        else:
-            reason = schema_error(event, validators) or unstorable(data)
-        if reason is not None:
+        event, reason = judge(data, validators)
+        if event is None:
             invalid += 1
             last_error = f"event at offset {offset}: {reason}"
             continue

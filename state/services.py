@@ -50,7 +50,7 @@ def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
     if not isinstance(schemas, dict):
         raise BadRequest("schemas must be an object mapping entity types to JSON Schemas")
     try:
-        compile_schemas(schemas)
+        validators = compile_schemas(schemas)
     except SchemaError as exc:
         raise BadRequest(f"invalid JSON Schema: {exc.message}") from None
     with transaction.atomic():
@@ -65,7 +65,7 @@ def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
         registration = StateStream.objects.create(
             stream=stream, schemas=schemas, version=_next_version()
         )
-        result = rebuild(registration)
+        result = rebuild(registration, validators=validators)
     return Registered(registration, created=True, rebuilt=result)
 
 

@@ -49,6 +49,9 @@ async def _load(path: str) -> Registration | None:
         _registrations.pop(path, None)
         return None
     version, schemas = row
+    cached = _registrations.get(path)
+    if cached is not None and cached.version == version:
+        return cached  # versions change with every registration: the same rules
     try:
         registration = Registration(version, compile_schemas(schemas))
     except SchemaError:  # stored schemas are checked at registration; never expected
@@ -81,10 +84,13 @@ async def validate_state_append(
         if refresh:
             raise
         # Refused by cached rules: make sure they are still the stream's before answering.
-        registration = await _load(path)
-        if registration is None:
+        current = await _load(path)
+        if current is registration:
+            raise
+        if current is None:
             return None
-        _validate_append(values, messages, registration.validators)
+        _validate_append(values, messages, current.validators)
+        return current.version
     return registration.version
 
 

@@ -113,27 +113,22 @@ def read_messages(
 def parse_partition(rows: Iterable[Any], schemas: dict[int, dict[str, Any]]) -> Iterator[tuple]:
     """Decode and judge each message with the server's own rules (state.core): the same
     parser, schema validation and storability check as the in-process materializer."""
-    from state.core import ChangeEvent, ControlEvent, InvalidEvent, parse_event
-    from state.core.schemas import compile_schemas, schema_error, unstorable
+    from state.core import ChangeEvent, ControlEvent
+    from state.core.schemas import compile_schemas, judge
 
     validators = {stream_id: compile_schemas(by_type) for stream_id, by_type in schemas.items()}
     for row in rows:
         stream_id, seq, pos, data = row["owner"], row["seq"], row["pos"], bytes(row["data"])
         offset = f"{seq:016d}_{pos:016d}"
-        try:
-            event = parse_event(json.loads(data))
-        except (ValueError, InvalidEvent) as exc:
-            yield (stream_id, seq, offset, "invalid", None, None, None, None, str(exc))
+        event, reason = judge(data, validators[stream_id])
+        if event is None:
+            yield (stream_id, seq, offset, "invalid", None, None, None, None, reason)
             continue
         if isinstance(event, ControlEvent):
             kind = "reset" if event.control == "reset" else "control"
             yield (stream_id, seq, offset, kind, None, None, None, None, None)
             continue
         assert isinstance(event, ChangeEvent)
-        reason = schema_error(event, validators[stream_id]) or unstorable(data)
-        if reason is not None:
-            yield (stream_id, seq, offset, "invalid", None, None, None, None, reason)
-            continue
         deleted = event.operation == "delete"
         value = None if deleted else json.dumps(event.value, separators=(",", ":"))
         yield (stream_id, seq, offset, "change", event.type, event.key, deleted, value, None)
@@ -209,9 +204,6 @@ def run(
         f"{sum(r.entities for r in reports)} entities"
     )
     if not dry_run:
-        paths = spark.createDataFrame(
-            [(plan.stream_id, plan.path) for plan in plans], "stream_id long, stream string"
-        )
         if output == "postgres":
             assert staging_table is not None
             (
@@ -221,6 +213,9 @@ def run(
             progress(f"write: entities staged in {staging_table}")
         else:
             directory = output.removeprefix("parquet:")
+            paths = spark.createDataFrame(
+                [(plan.stream_id, plan.path) for plan in plans], "stream_id long, stream string"
+            )
             (
                 entities.join(paths, "stream_id")
                 .select("stream", "type", "key", "value", F.col("event_offset").alias("offset"))

@@ -59,7 +59,9 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
         if registration is None:
             raise NotFound(f"stream {self.kwargs['stream']!r} is not a state stream")
         catch_up(registration.pk)  # report where the state is now, not before the last append
-        registration.refresh_from_db()
+        registration.refresh_from_db(
+            fields=["materialized_seq", "materialized_pos", "invalid_events", "last_error"]
+        )
         return registration
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -86,11 +88,11 @@ class EntityList(generics.ListAPIView):
         path = request.query_params.get("stream")
         if not path:
             raise BadRequest("the stream query parameter is required")
-        registration = StateStream.objects.filter(stream__path=path).first()
-        if registration is None:
+        registered = StateStream.objects.filter(stream__path=path)
+        self.stream_id = registered.values_list("pk", flat=True).first()
+        if self.stream_id is None:
             raise NotFound(f"stream {path!r} is not a state stream")
-        catch_up(registration.pk)  # read-your-writes: reflect every acknowledged append
-        self.stream_id = registration.pk
+        catch_up(self.stream_id)  # read-your-writes: reflect every acknowledged append
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             return super().list(request, *args, **kwargs)

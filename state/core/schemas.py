@@ -3,6 +3,7 @@ uses this too, so both materializers judge events identically)."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +12,16 @@ import jsonschema_rs
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
-from state.core.events import ChangeEvent, StateEvent
+from state.core.events import ChangeEvent, StateEvent, parse_event
 
-__all__ = ["SchemaError", "SchemaValidator", "compile_schemas", "schema_error", "unstorable"]
+__all__ = [
+    "SchemaError",
+    "SchemaValidator",
+    "compile_schemas",
+    "judge",
+    "schema_error",
+    "unstorable",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +89,18 @@ def unstorable(message: bytes) -> str | None:
     if _UNSTORABLE.search(message):
         return "state events cannot contain NUL characters or unpaired surrogates"
     return None
+
+
+def judge(
+    message: bytes, validators: dict[str, SchemaValidator]
+) -> tuple[StateEvent, None] | tuple[None, str]:
+    """A stored message as a materializer sees it: ``(event, None)``, or ``(None, reason)``
+    when it is not JSON, not a State Event, fails its schema or cannot be stored."""
+    try:
+        event = parse_event(json.loads(message))
+    except ValueError as exc:  # not JSON, or not a State Event (InvalidEvent)
+        return None, str(exc)
+    reason = schema_error(event, validators) or unstorable(message)
+    if reason is not None:
+        return None, reason
+    return event, None

@@ -122,7 +122,8 @@ BEGIN
     UPDATE ds_stream
        SET next_seq = r.next_seq + 1, next_pos = r.next_pos + octet_length(v_data)
      WHERE id = r.id;
-    PERFORM pg_notify('ds_streams', r.id || ':' || (r.next_seq + 1) || ':o');
+    PERFORM pg_notify('ds_streams', ds_notify_payload(
+        r, r.next_seq + 1, false, ARRAY[octet_length(v_data)], v_data, true));
 END;
 $$;
 
@@ -165,6 +166,12 @@ DECLARE
     v_tail bigint;
     v_to bigint;
 BEGIN
+    -- Nothing behind (the usual case for a read): answer without taking the row lock, which
+    -- would queue concurrent readers on one row.
+    IF EXISTS (SELECT 1 FROM ds_state_stream AS t JOIN ds_stream AS s ON s.id = t.stream_id
+                WHERE t.stream_id = p_stream_id AND t.materialized_seq >= s.next_seq) THEN
+        RETURN 0;
+    END IF;
     IF p_wait THEN
         SELECT * INTO r FROM ds_state_stream WHERE stream_id = p_stream_id FOR UPDATE;
     ELSE

@@ -31,6 +31,7 @@ from state.core import (
     is_control_event,
     parse_event,
 )
+from state.core.schemas import compile_schemas, judge
 from tests.state.support import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -706,3 +707,30 @@ def test_core_imports_no_django() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        b'{"type": "user", "key": "1", "value": "a\\u0000b", "headers": {"operation": "insert"}}',
+        b'{"headers": {"control": "reset", "note": "\\u0000"}}',  # a control event too
+        b'{"headers": {"control": "reset", "note": "\\ud800"}}',
+    ],
+)
+def test_judge_refuses_what_postgresql_cannot_store(message: bytes) -> None:
+    """Both materializers (in-process and Spark) judge through ``judge``: an event jsonb
+    cannot hold is invalid, whatever its kind, as it is for the SQL materializer."""
+    event, reason = judge(message, {})
+    assert event is None and reason is not None and "NUL" in reason
+
+
+def test_judge_parses_valid_events_and_explains_the_rest() -> None:
+    event, reason = judge(b'{"headers": {"control": "reset"}}', {})
+    assert isinstance(event, ControlEvent) and reason is None
+    event, reason = judge(b"not json", {})
+    assert event is None and reason
+    validators = compile_schemas({"user": {"type": "object", "required": ["name"]}})
+    event, reason = judge(
+        b'{"type": "user", "key": "1", "value": {}, "headers": {"operation": "insert"}}', validators
+    )
+    assert event is None and "does not match its schema" in str(reason)

@@ -8,7 +8,6 @@ the state tables (spark/publish.py), or writes Parquet. See docs/spark.md for cl
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -71,9 +70,9 @@ class Command(BaseCommand):
             create_staging_table() if output == "postgres" and not options["dry_run"] else None
         )
         try:
-            from spark.jobs.materialize_state import load_plan, run
+            from spark.jobs.materialize_state import StreamPlan, run
 
-            plans = load_plan(json.dumps([p.as_job_plan() for p in planned]))
+            plans = [StreamPlan(p.stream_id, p.path, p.segments, p.schemas) for p in planned]
             reports = run(
                 spark,
                 jdbc_url=_jdbc_url(),
