@@ -11,9 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from streams.admin import ReadOnlyAdmin
-from streams.models import Message
-from yjs.compaction import bytes_since_snapshot, compact
-from yjs.framing import read_frames
+from yjs.compaction import bytes_since_snapshot, compact, updates_since_snapshot
 from yjs.models import YjsDocument
 from yjs.paths import snapshot_key
 from yjs.preview import describe
@@ -47,11 +45,7 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
 
     @admin.display(description="content (snapshot + updates since)")
     def content(self, obj: YjsDocument) -> str:
-        updates = [bytes(obj.snapshot.data)] if obj.snapshot else []
-        since = obj.snapshot.seq if obj.snapshot else 0
-        rows = Message.objects.filter(stream_id=obj.pk, seq__gte=since).order_by("seq")
-        for data in rows.values_list("data", flat=True).iterator():
-            updates.extend(read_frames(bytes(data)))
+        updates = updates_since_snapshot(obj)
         if not updates:
             return "(empty document)"
         roots = describe(snapshot_of(updates))

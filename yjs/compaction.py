@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import connection, transaction
 
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
@@ -51,6 +51,19 @@ def bytes_since_snapshot(document: YjsDocument, stream: Stream) -> int:
     return stream.next_pos - base
 
 
+def updates_since_snapshot(document: YjsDocument, end_seq: int | None = None) -> list[bytes]:
+    """The document's content as updates: its snapshot, then every update stored after it
+    (up to ``end_seq``)."""
+    old = document.snapshot
+    updates = [bytes(old.data)] if old is not None else []
+    rows = Message.objects.filter(stream_id=document.pk, seq__gte=old.seq if old is not None else 0)
+    if end_seq is not None:
+        rows = rows.filter(seq__lt=end_seq)
+    for data in rows.order_by("seq").values_list("data", flat=True).iterator(chunk_size=2000):
+        updates.extend(read_frames(bytes(data)))
+    return updates
+
+
 def compact(stream_id: int, *, force: bool = False) -> Compaction | None:
     """Compact one document now if it is over the threshold (or ``force``); None when there
     was nothing to do or another process is compacting it."""
@@ -67,25 +80,21 @@ def compact(stream_id: int, *, force: bool = False) -> Compaction | None:
 
 def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
     started = time.monotonic()
-    document = YjsDocument.objects.select_related("snapshot").filter(pk=stream_id).first()
-    stream = Stream.objects.filter(pk=stream_id, deleted_at__isnull=True).first()
-    if document is None or stream is None:
+    document = (
+        YjsDocument.objects.select_related("snapshot", "stream")
+        .filter(pk=stream_id, stream__deleted_at__isnull=True)
+        .first()
+    )
+    if document is None:
         return None
     old = document.snapshot
     base = old.covers if old is not None else Offset(0, 0)
-    tail = Offset(stream.next_seq, stream.next_pos)
-    pending = tail.pos - base.pos
+    tail = Offset(document.stream.next_seq, document.stream.next_pos)
+    pending = bytes_since_snapshot(document, document.stream)
     if tail.seq == base.seq or (not force and pending <= settings.YJS_COMPACTION_THRESHOLD_BYTES):
         return None
 
-    updates = [bytes(old.data)] if old is not None else []
-    rows = (
-        Message.objects.filter(stream_id=stream_id, seq__gte=base.seq, seq__lt=tail.seq)
-        .order_by("seq")
-        .values_list("data", flat=True)
-    )
-    for data in rows.iterator(chunk_size=2000):
-        updates.extend(read_frames(bytes(data)))
+    updates = updates_since_snapshot(document, end_seq=tail.seq)
     update_count = len(updates) - (1 if old is not None else 0)
     snapshot = snapshot_of(updates)
 
@@ -116,7 +125,6 @@ def compact_in_thread(stream_id: int, force: bool = False) -> Compaction | None:
     try:
         return compact(stream_id, force=force)
     finally:
-        close_old_connections()
         connection.close()
 
 

@@ -15,13 +15,13 @@ import json
 
 from django.conf import settings
 
-from streams.errors import BadRequest, NotFound, ProtocolError
+from streams.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
 from streams.http import app as streams_app
 from streams.http import handlers
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
 from streams.protocol.headers import is_true
-from streams.store import reads, writes
+from streams.store import reads
 from yjs import compaction, store
 from yjs.framing import FramingError, read_frames
 from yjs.paths import (
@@ -115,15 +115,7 @@ async def _document(
                 return await _read_snapshot(doc, offset)
             return await streams_app.handle_get(request, send, origin)
         case "PUT":
-            created, tail = await store.create_document(doc)
-            headers = {
-                "Stream-Next-Offset": str(tail),
-                "Content-Type": store.OCTET_STREAM,
-                "Cache-Control": "no-store",
-            }
-            if created:
-                headers["Location"] = handlers.absolute_url(request)
-            return Response(201 if created else 200, headers)
+            return handlers.created_response(request, await store.create_document(doc))
         case "POST":
             body = await _framed_body(request, check_yjs_updates=True)
             response, result = await handlers.append_body(request, body)
@@ -152,7 +144,7 @@ async def _read_snapshot(doc: DocRef, offset: str) -> Response:
     try:
         covers = parse_snapshot_key(offset)
     except BadRequest:
-        raise YjsError(400, "INVALID_REQUEST", f"invalid snapshot offset {offset[:80]!r}") from None
+        raise BadRequest(f"invalid snapshot offset {offset[:80]!r}") from None
     data = await store.snapshot_data(doc, covers)
     if data is None:
         await store.snapshot_pointer(doc)  # DOCUMENT_NOT_FOUND when the document is gone
@@ -172,18 +164,16 @@ async def _framed_body(request: Request, *, check_yjs_updates: bool) -> bytes:
     if is_true(request.header("stream-closed")):
         # A close of something that does not exist is still a 404 (YJS-PROTOCOL.md 5.5, 5.9).
         await reads.stream_meta(request.path, touch=False)
-        raise YjsError(
-            400,
-            "INVALID_REQUEST",
-            "Yjs documents and awareness streams cannot be closed; nothing was changed",
+        raise BadRequest(
+            "Yjs documents and awareness streams cannot be closed; nothing was changed"
         )
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
     if not body:
-        raise YjsError(400, "INVALID_REQUEST", "empty update")
+        raise BadRequest("empty update")
     try:
         updates = read_frames(body)
     except FramingError as exc:
-        raise YjsError(400, "INVALID_REQUEST", f"body is not lib0-framed updates: {exc}") from None
+        raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
     if check_yjs_updates:
         if len(body) > INLINE_CHECK_BYTES:
             await asyncio.to_thread(check_updates, updates)
@@ -212,8 +202,7 @@ async def _awareness(
                 body = await _framed_body(request, check_yjs_updates=False)
                 return await _broadcast(request, body, doc, name)
             case "DELETE":
-                await writes.delete_stream(request.path)
-                return Response(204, {"Cache-Control": "no-store"})
+                return await handlers.delete(request)
     except NotFound:
         # Without the document that is what is missing (YJS-PROTOCOL.md 5.9); otherwise the
         # awareness stream is (never created, deleted, or expired).
@@ -243,10 +232,7 @@ async def _require_document(doc: DocRef) -> None:
         raise YjsError(404, "DOCUMENT_NOT_FOUND", "document does not exist") from None
 
 
-def _method_not_allowed(request: Request) -> YjsError:
-    return YjsError(
-        405,
-        "INVALID_REQUEST",
-        f"method {request.method} is not allowed",
-        headers={"Allow": "GET, HEAD, POST, PUT, DELETE, OPTIONS"},
+def _method_not_allowed(request: Request) -> MethodNotAllowed:
+    return MethodNotAllowed(
+        f"method {request.method} is not allowed", headers={"Allow": streams_app.ALLOW}
     )

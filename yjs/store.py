@@ -8,7 +8,7 @@ from django.conf import settings
 from streams.errors import NotFound
 from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
-from streams.store.types import CreateRequest
+from streams.store.types import CreateRequest, CreateResult
 from streams.store.writes import create_stream
 from yjs.paths import DocRef
 
@@ -28,9 +28,9 @@ _SNAPSHOT_DATA_SQL = (
 )
 
 
-async def create_document(doc: DocRef) -> tuple[bool, Offset]:
+async def create_document(doc: DocRef) -> CreateResult:
     """Create the document's update stream, its default awareness stream and its row
-    (YJS-PROTOCOL.md 5.1); idempotent. Returns (created, tail)."""
+    (YJS-PROTOCOL.md 5.1); idempotent. Returns the update stream's creation."""
     result = await create_stream(
         CreateRequest(doc.updates_stream, OCTET_STREAM, None, None, False, []),
         max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
@@ -43,7 +43,7 @@ async def create_document(doc: DocRef) -> tuple[bool, Offset]:
             (result.stream_id, doc.service, doc.doc_path),
         )
     await create_awareness(doc, "default")
-    return result.created, result.tail
+    return result
 
 
 async def create_awareness(doc: DocRef, name: str) -> bool:

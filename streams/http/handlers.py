@@ -22,6 +22,7 @@ from streams.store.types import (
     AppendRequest,
     AppendResult,
     CreateRequest,
+    CreateResult,
     ForkSpec,
     ReadResult,
     StreamMeta,
@@ -109,6 +110,11 @@ async def create(request: Request) -> Response:
         ),
         max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
     )
+    return created_response(request, result)
+
+
+def created_response(request: Request, result: CreateResult) -> Response:
+    """The answer to a create: 201 with Location when new, 200 when it existed."""
     headers = {
         "Content-Type": result.content_type,
         "Stream-Next-Offset": str(result.tail),
