@@ -20,6 +20,7 @@ import time
 import uuid
 
 import aiohttp
+from common import producer_headers
 
 BATCH = 100
 SCHEMAS = {
@@ -52,12 +53,7 @@ async def run(session: aiohttp.ClientSession, url: str, producers: int, batches:
 
     async def producer(index: int) -> None:
         for seq in range(batches):
-            headers = {
-                "Content-Type": "application/json",
-                "Producer-Id": f"p{index}",
-                "Producer-Epoch": "0",
-                "Producer-Seq": str(seq),
-            }
+            headers = producer_headers("application/json", f"p{index}", seq)
             async with session.post(url, data=bodies[(index, seq)], headers=headers) as response:
                 if response.status != 200:
                     raise RuntimeError(

@@ -20,14 +20,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+from common import latency, producer_headers
 
 MESSAGE = b"x" * 100
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
-    return ordered[index]
 
 
 class Bench:
@@ -61,10 +56,7 @@ class Bench:
             start = time.perf_counter()
             await self.append(url, MESSAGE, headers)
             samples.append((time.perf_counter() - start) * 1000)
-        print(
-            f"append RTT (1 client, 100 B):           p50 {percentile(samples, 0.5):6.2f} ms"
-            f"   p99 {percentile(samples, 0.99):6.2f} ms"
-        )
+        print(f"append RTT (1 client, 100 B):           {latency(samples)}")
 
     async def producers(self, label: str, same_stream: bool, producers: int = 16) -> None:
         per_producer = self.n(500)
@@ -76,12 +68,7 @@ class Bench:
 
         async def producer(index: int) -> None:
             for seq in range(per_producer):
-                headers = {
-                    "Content-Type": "application/octet-stream",
-                    "Producer-Id": f"p{index}",
-                    "Producer-Epoch": "0",
-                    "Producer-Seq": str(seq),
-                }
+                headers = producer_headers("application/octet-stream", f"p{index}", seq)
                 await self.append(urls[index], MESSAGE, headers)
 
         start = time.perf_counter()
@@ -124,10 +111,7 @@ class Bench:
             received = await asyncio.wait_for(arrived.get(), 5)
             samples.append((received - start) * 1000)
         task.cancel()
-        print(
-            f"SSE delivery (append -> event):         p50 {percentile(samples, 0.5):6.2f} ms"
-            f"   p99 {percentile(samples, 0.99):6.2f} ms"
-        )
+        print(f"SSE delivery (append -> event):         {latency(samples)}")
 
     async def long_poll_latency(self) -> None:
         url = await self.create("lp", "text/plain")
@@ -146,10 +130,7 @@ class Bench:
             assert response.status == 200, response.status
             offset = response.headers["Stream-Next-Offset"]
             response.release()
-        print(
-            f"long-poll delivery (append -> answer):  p50 {percentile(samples, 0.5):6.2f} ms"
-            f"   p99 {percentile(samples, 0.99):6.2f} ms"
-        )
+        print(f"long-poll delivery (append -> answer):  {latency(samples)}")
 
     async def catch_up(self, label: str, content_type: str, total_bytes: int) -> None:
         url = await self.create(f"catchup-{content_type.replace('/', '-')}", content_type)

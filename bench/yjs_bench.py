@@ -21,17 +21,13 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+from common import latency
 from pycrdt import Doc, Text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from yjs.framing import frame, read_frames
 
 OCTET = {"Content-Type": "application/octet-stream"}
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 class Writer:
@@ -91,10 +87,7 @@ async def propagation(session: aiohttp.ClientSession, doc_url: str, samples: int
         latencies.append((await asyncio.wait_for(arrived.get(), 5) - started) * 1000)
     task.cancel()
     assert str(reader_text) == str(writer.text)
-    print(
-        f"update propagation A -> B (SSE), {samples} updates:  "
-        f"p50 {percentile(latencies, 0.5):6.2f} ms   p99 {percentile(latencies, 0.99):6.2f} ms"
-    )
+    print(f"update propagation A -> B (SSE), {samples} updates:  {latency(latencies)}")
 
 
 async def snapshot_location(session: aiohttp.ClientSession, doc_url: str) -> str:

@@ -8,8 +8,10 @@ tests talk to it over real HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +33,7 @@ settings.register_profile(
 settings.load_profile("durable-streams")
 
 ROOT = Path(__file__).resolve().parent.parent
+JS_DIR = ROOT / "tests" / "js"  # the Node packages and scripts the tests drive
 
 # Settings every test server gets: short long-polls (the conformance suite needs < 4 s).
 TEST_SERVER_ENV = {
@@ -39,6 +42,51 @@ TEST_SERVER_ENV = {
     "DS_LOG_LEVEL": "WARNING",
     "DJANGO_DEBUG": "false",
 }
+
+
+def command_env(database_url: str, **overrides: str | None) -> dict[str, str]:
+    """The environment of a management command run against the test database; an override
+    of None removes the variable."""
+    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def manage(
+    database_url: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python manage.py ARGS`` in the project directory, against the test database (or
+    with ``env``); never raises on failure."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env or command_env(database_url),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_node(script: Path, *args: str, timeout: float = 90) -> Any:
+    """Run a Node script of tests/js; it must exit 0 and print its report as JSON on its last
+    line of output, which is returned."""
+    node = shutil.which("node")
+    assert node is not None, "node is not on PATH"
+    result = subprocess.run(
+        [node, str(script), *args], cwd=JS_DIR, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, (
+        f"{script.name} exited {result.returncode}\n"
+        f"stderr:\n{result.stderr[-4000:]}\nstdout:\n{result.stdout[-2000:]}"
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import JS_DIR, ServerProcess, run_node
 
-JS_DIR = Path(__file__).resolve().parent.parent / "js"
 SCRIPT = JS_DIR / "clients" / "typescript_client.mjs"
 
 # The values typescript_client.mjs appends, in order (keep in sync with the script).
@@ -35,21 +31,7 @@ BIN_SSE = bytes([10, 0, 13, 255, 128, 61])
 
 
 def run_script(stream_base: str) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node is not None, "node is not on PATH"
-    result = subprocess.run(
-        [node, str(SCRIPT), stream_base],
-        cwd=JS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert result.returncode == 0, (
-        f"typescript_client.mjs exited {result.returncode}\n"
-        f"stderr:\n{result.stderr[-4000:]}\nstdout:\n{result.stdout[-2000:]}"
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_node(SCRIPT, stream_base)
 
 
 def sse_events(body: str) -> list[tuple[str, str]]:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-JS_DIR = Path(__file__).resolve().parent.parent / "js"
+from tests.conftest import JS_DIR
+
 # Tests outside the opt-in subscription group (PROTOCOL.md 6, 7), all of which must pass.
 EXPECTED_TESTS = 332
 

@@ -3,10 +3,7 @@ by the real server."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import command_env, manage
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -22,14 +19,12 @@ PASSWORD = "correct-horse-battery-staple"
 @pytest.fixture(scope="module")
 def admin_client(server: Any, database_url: str) -> Iterator[httpx.Client]:
     username = f"admin{time.time_ns()}"
-    subprocess.run(
-        [sys.executable, "manage.py", "createsuperuser", "--noinput",
-         "--username", username, "--email", "admin@example.com"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url, "DJANGO_SUPERUSER_PASSWORD": PASSWORD},
-        check=True,
-        capture_output=True,
+    created = manage(
+        database_url, "createsuperuser", "--noinput", "--username", username,
+        "--email", "admin@example.com",
+        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=PASSWORD),
     )  # fmt: skip
+    assert created.returncode == 0, created.stderr
     with httpx.Client(base_url=server.base_url, timeout=10, follow_redirects=True) as client:
         login_page = client.get("/admin/login/")
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)
@@ -109,6 +104,21 @@ def test_admin_lists_filters_and_shows_streams(
     assert css.status_code == 200 and ".ds-preview" in css.text
 
 
+def run_action(
+    admin_client: httpx.Client, listing: httpx.Response, action: str, object_id: str
+) -> httpx.Response:
+    """Submit an admin action for one object from the change list page ``listing``, as its
+    form does (CSRF token, Referer)."""
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', listing.text)
+    assert token is not None
+    return admin_client.post(
+        str(listing.url),
+        data={"csrfmiddlewaretoken": token.group(1), "action": action,
+              "_selected_action": [object_id]},
+        headers={"Referer": str(admin_client.base_url)},
+    )  # fmt: skip
+
+
 def test_admin_is_read_only_and_deletes_through_the_protocol(
     admin_client: httpx.Client, client: httpx.Client
 ) -> None:
@@ -118,18 +128,7 @@ def test_admin_is_read_only_and_deletes_through_the_protocol(
     stream_id = re.search(r'href="/admin/streams/stream/(\d+)/change/', listing.text)
     assert stream_id is not None
     assert admin_client.get("/admin/streams/stream/add/").status_code == 403
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', listing.text)
-    assert token is not None
-    response = admin_client.post(
-        "/admin/streams/stream/",
-        params={"q": path},
-        data={
-            "csrfmiddlewaretoken": token.group(1),
-            "action": "delete_streams",
-            "_selected_action": [stream_id.group(1)],
-        },
-        headers={"Referer": str(admin_client.base_url)},
-    )
+    response = run_action(admin_client, listing, "delete_streams", stream_id.group(1))
     assert response.status_code == 200
     assert "1 deleted" in response.text
     assert client.get(f"/v1/stream/{path}").status_code == 404
@@ -207,18 +206,7 @@ def test_admin_shows_and_compacts_yjs_documents(
     detail = admin_client.get(f"/admin/yjs/yjsdocument/{doc_id.group(1)}/change/")
     assert "Hello from the admin test" in detail.text and "body (Text)" in detail.text
 
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', listing.text)
-    assert token is not None
-    compacted = admin_client.post(
-        "/admin/yjs/yjsdocument/",
-        params={"q": doc_path},
-        data={
-            "csrfmiddlewaretoken": token.group(1),
-            "action": "compact_now",
-            "_selected_action": [doc_id.group(1)],
-        },
-        headers={"Referer": str(admin_client.base_url)},
-    )
+    compacted = run_action(admin_client, listing, "compact_now", doc_id.group(1))
     assert "Compacted 1 of 1 documents" in compacted.text
     location = client.get(url, params={"offset": "snapshot"}).headers["Location"]
     assert location.endswith("_snapshot")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -24,17 +25,29 @@ def two_servers(start_server: Any) -> tuple[Any, Any]:
     return start_server(), start_server()
 
 
-async def _sse_events(
-    client: httpx.AsyncClient, url: str, offset: str, queue: asyncio.Queue
-) -> None:
+async def _sse(
+    client: httpx.AsyncClient, url: str, offset: str
+) -> AsyncIterator[tuple[str, str, float]]:
+    """(event type, data, arrival time) of each event of an SSE read, until the server ends
+    the response."""
     async with client.stream("GET", url, params={"offset": offset, "live": "sse"}) as response:
         assert response.status_code == 200
-        event = None
+        event, data = None, []
         async for line in response.aiter_lines():
             if line.startswith("event:"):
                 event = line[6:].strip()
             elif line.startswith("data:"):
-                queue.put_nowait((event, line[5:], time.perf_counter()))
+                data.append(line[5:])
+            elif line == "" and event is not None:
+                yield event, "\n".join(data), time.perf_counter()
+                event, data = None, []
+
+
+async def _sse_events(
+    client: httpx.AsyncClient, url: str, offset: str, queue: asyncio.Queue
+) -> None:
+    async for event in _sse(client, url, offset):
+        queue.put_nowait(event)
 
 
 def test_readers_on_one_process_see_appends_through_another(two_servers: tuple[Any, Any]) -> None:
@@ -122,20 +135,12 @@ def test_close_and_delete_wake_readers_on_other_process(two_servers: tuple[Any, 
 
 async def _sse_until_closed(client: httpx.AsyncClient, url: str) -> list[Any]:
     """Every JSON item an SSE reader from the start receives, until the stream closes."""
-    items: list[Any] = []
-    async with client.stream("GET", url, params={"offset": "-1", "live": "sse"}) as response:
-        assert response.status_code == 200
-        event, data = None, []
-        async for line in response.aiter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:])
-            elif line == "" and event is not None:
-                if event == "data":
-                    items.extend(json.loads("\n".join(data)))
-                event, data = None, []
-    return items
+    return [
+        item
+        async for kind, data, _ in _sse(client, url, "-1")
+        if kind == "data"
+        for item in json.loads(data)
+    ]
 
 
 async def _long_polls_until_closed(client: httpx.AsyncClient, url: str) -> list[Any]:

@@ -5,51 +5,22 @@ registration straight from PostgreSQL, and generating large State Protocol histo
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 
-from tests.conftest import ROOT
+from tests.conftest import manage
+from tests.state.support import change, control, stream_id
 
 # One Spark run (JVM start-up included) on a loaded 2-core machine stays well below this.
 COMMAND_TIMEOUT = 600
 
 Entity = tuple[str, str, str, str]  # (type, key, JSON text of the value, offset)
-
-
-def command_env(database_url: str, **overrides: str | None) -> dict[str, str]:
-    """The environment of a management command run against the test database; an override
-    of None removes the variable."""
-    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
-
-
-def manage(
-    database_url: str, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``python manage.py ARGS`` in the project directory; never raises on failure."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env or command_env(database_url),
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-        check=False,
-    )
 
 
 def spark_materialize(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -75,12 +46,6 @@ def canonical_text(text: str) -> str:
 def canonical(value: Any) -> str:
     """``canonical_text`` of a decoded JSON value."""
     return canonical_text(json.dumps(value))
-
-
-def stream_id(pg: psycopg.Connection[Any], path: str) -> int:
-    row = pg.execute("SELECT id FROM ds_stream WHERE path = %s", [path]).fetchone()
-    assert row is not None, path
-    return row[0]
 
 
 def db_entities(pg: psycopg.Connection[Any], path: str) -> set[Entity]:
@@ -141,27 +106,11 @@ def output_number(output: str, pattern: str) -> tuple[int, ...]:
 
 # -- State Protocol histories -------------------------------------------------------------
 
-USER_SCHEMA = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
-}
 TYPES = ["user", "order", "product", "session", "comment", "tag", "invoice"]
 # Keys worth having besides the plain ones: non-ASCII, spaces, separators, look-alikes.
 # "\\ud800" and "\\u0000" are a backslash and five letters: storable, unlike the characters.
 ODD_KEYS = ["ключ", "clé 1", "a/b?c=d&e", "😀", "KEY", "key", "0", " ", "null"]
 ODD_KEYS += ["\\ud800", "\\u0000"]
-
-
-def change(type_name: str, key: str, op: str, value: Any = None, **headers: Any) -> dict:
-    event: dict[str, Any] = {"type": type_name, "key": key, "headers": {"operation": op, **headers}}
-    if op != "delete":
-        event["value"] = value
-    return event
-
-
-def reset() -> dict:
-    return {"headers": {"control": "reset"}}
 
 
 def random_value(rng: random.Random, type_name: str, depth: int = 0) -> Any:
@@ -213,11 +162,11 @@ def malformed(rng: random.Random) -> Any:
             # An invalid reset must not clear anything.
             {"headers": {"control": "reset", "offset": "a,b"}},
             {"headers": {"control": "reset", "offset": ""}},
-            change("order", "o-2", "insert", 1, txid=""),
-            change("order", "o-3", "insert", 1, timestamp="yesterday"),
-            change("order", "o-4", "insert", 1, timestamp="2025-02-30T10:00:00Z"),
-            change("order", "o-5", "insert", "NUL \u0000 inside"),  # jsonb cannot hold it
-            change("order", "lone \ud800 surrogate", "insert", 1),
+            change("order", "o-2", 1, txid=""),
+            change("order", "o-3", 1, timestamp="yesterday"),
+            change("order", "o-4", 1, timestamp="2025-02-30T10:00:00Z"),
+            change("order", "o-5", "NUL \u0000 inside"),  # jsonb cannot hold it
+            change("order", "lone \ud800 surrogate", 1),
         ]
     )
 
@@ -226,7 +175,7 @@ def schema_violation(rng: random.Random) -> dict:
     """A user change that USER_SCHEMA refuses."""
     key = f"user-{rng.randrange(1500)}"
     value = rng.choice([{"age": 3}, {"name": 5}, {"name": "x", "age": -1}, "x", None, []])
-    return change("user", key, rng.choice(["insert", "update"]), value)
+    return change("user", key, value, rng.choice(["insert", "update"]))
 
 
 def history(
@@ -245,7 +194,7 @@ def history(
     for index in range(count):
         roll = rng.random()
         if index in resets_at:
-            events.append(reset())
+            events.append(control("reset"))
         elif roll < invalid_rate / 2:
             events.append(malformed(rng))
         elif roll < invalid_rate:
@@ -269,5 +218,5 @@ def history(
             if rng.random() < 0.1:
                 headers = {"txid": f"tx-{index}", "timestamp": "2025-01-02T03:04:05.678+01:00"}
             value = random_value(rng, type_name)
-            events.append(change(type_name, key, op, value, **headers))
+            events.append(change(type_name, key, value, op, **headers))
     return events

@@ -9,6 +9,7 @@ threads talk to the real server over HTTP.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import subprocess
@@ -25,25 +26,30 @@ import psycopg
 import pytest
 
 from state.core import MaterializedState
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, ServerProcess, command_env, manage
 from tests.spark.support import (
     COMMAND_TIMEOUT,
     TYPES,
     Entity,
     api_entities,
     canonical,
-    change,
-    command_env,
     db_entities,
     db_registration,
     history,
-    manage,
     normalized,
     output_number,
-    reset,
-    stream_id,
 )
-from tests.state.support import JSON, entities, read_messages, register_ok, stream_url, tail
+from tests.state.support import (
+    JSON,
+    change,
+    control,
+    entities,
+    read_messages,
+    register_ok,
+    stream_id,
+    stream_url,
+    tail,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -152,20 +158,19 @@ def test_readers_see_old_or_new(
                 )
                 observations.record(kind, during, detail if kind == "mixed" else "")
 
-    readers = [threading.Thread(target=reader) for _ in range(4)]
-    for thread in readers:
-        thread.start()
-    try:
-        time.sleep(0.5)
-        running.set()
-        process = start_spark(database_url, path)
-        stdout, stderr = process.communicate(timeout=COMMAND_TIMEOUT)
-        running.clear()
-        time.sleep(1)  # readers keep reading the new state after the run
-    finally:
-        stop.set()
-        for thread in readers:
-            thread.join(timeout=150)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        readers = [pool.submit(reader) for _ in range(4)]
+        try:
+            time.sleep(0.5)
+            running.set()
+            process = start_spark(database_url, path)
+            stdout, stderr = process.communicate(timeout=COMMAND_TIMEOUT)
+            running.clear()
+            time.sleep(1)  # readers keep reading the new state after the run
+        finally:
+            stop.set()
+        for future in readers:
+            future.result(timeout=150)  # a reader's error fails the test
     print(f"responses (kind, during the run): {dict(observations.counts)}")
 
     assert process.returncode == 0, stdout + stderr
@@ -264,11 +269,11 @@ def test_appends_during_the_job_are_not_lost(
 
 def _appended_batch(rng: random.Random, index: int) -> list[Any]:
     """Valid changes to existing and new keys; batch 5 starts with a reset."""
-    batch: list[Any] = [reset()] if index == 5 else []
+    batch: list[Any] = [control("reset")] if index == 5 else []
     for i in range(40):
         type_name = rng.choice(TYPES)
         key = f"{type_name}-{rng.randrange(1000)}"
         op = rng.choice(["insert", "update", "update", "delete"])
         value = {"name": f"appended {index}.{i}"} if op != "delete" else None
-        batch.append(change(type_name, key, op, value))
+        batch.append(change(type_name, key, value, op))
     return batch

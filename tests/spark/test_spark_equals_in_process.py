@@ -32,16 +32,14 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, ServerProcess, command_env
 from tests.spark.support import (
     COMMAND_TIMEOUT,
     TYPES,
-    USER_SCHEMA,
     Entity,
     RegistrationRow,
     api_entities,
     canonical_text,
-    command_env,
     db_entities,
     db_registration,
     history,
@@ -51,9 +49,16 @@ from tests.spark.support import (
     schema_violation,
     spark_materialize,
     staging_tables,
-    stream_id,
 )
-from tests.state.support import JSON, entities, register_ok, stream_url, tail
+from tests.state.support import (
+    JSON,
+    USER_SCHEMA,
+    entities,
+    register_ok,
+    stream_id,
+    stream_url,
+    tail,
+)
 
 pytestmark = pytest.mark.slow
 

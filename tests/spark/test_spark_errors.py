@@ -15,12 +15,10 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, command_env, manage
 from tests.spark.support import (
-    command_env,
     db_entities,
     db_registration,
-    manage,
     staging_tables,
 )
 from tests.state.support import JSON, change, register_ok, stream_url

@@ -7,10 +7,18 @@ import json
 from typing import Any
 
 import httpx
+import psycopg
 
 JSON = {"Content-Type": "application/json"}
 STATE = "/v1/state"
 REGISTRY = "__registry__"
+
+
+USER_SCHEMA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+}
 
 
 def stream_url(path: str) -> str:
@@ -129,3 +137,10 @@ def model(events: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
         else:
             state[(event["type"], event["key"])] = event["value"]
     return state
+
+
+def stream_id(pg: psycopg.Connection[Any], path: str) -> int:
+    """The id of the live stream at ``path``, read from the database."""
+    row = pg.execute("SELECT id FROM ds_stream WHERE path = %s", [path]).fetchone()
+    assert row is not None, path
+    return row[0]

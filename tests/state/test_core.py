@@ -13,7 +13,6 @@ import copy
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,9 +31,8 @@ from state.core import (
     parse_event,
 )
 from state.core.schemas import compile_schemas, judge
+from tests.conftest import ROOT
 from tests.state.support import model
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # -- strategies ------------------------------------------------------------------------------
 

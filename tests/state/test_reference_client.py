@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from state.core import MaterializedState
-from tests.conftest import ServerProcess
+from tests.conftest import JS_DIR, ServerProcess, run_node
 from tests.state.support import (
     STATE,
     append_ok,
@@ -39,7 +36,6 @@ from tests.state.support import (
     walk_pages,
 )
 
-JS_DIR = Path(__file__).resolve().parents[1] / "js"
 SCRIPT = JS_DIR / "state" / "materialize.mjs"
 
 SCHEMAS = {
@@ -102,17 +98,7 @@ def random_events(rng: random.Random, count: int) -> list[dict[str, Any]]:
 
 
 def run_script(url: str) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node is not None, "node is not on PATH"
-    result = subprocess.run(
-        [node, str(SCRIPT), url], cwd=JS_DIR, capture_output=True, text=True, timeout=90,
-        check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, (
-        f"materialize.mjs exited {result.returncode}\n"
-        f"stderr:\n{result.stderr[-4000:]}\nstdout:\n{result.stdout[-2000:]}"
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_node(SCRIPT, url)
 
 
 def triples(entities: list[dict[str, Any]]) -> list[tuple[str, str, str]]:

@@ -12,6 +12,7 @@ on the registry are limited to this test's streams.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 import time
@@ -28,6 +29,7 @@ from tests.state.support import (
     JSON,
     REGISTRY,
     STATE,
+    USER_SCHEMA,
     append,
     append_ok,
     change,
@@ -40,16 +42,12 @@ from tests.state.support import (
     register,
     register_ok,
     registration,
+    stream_id,
     stream_url,
     tail,
     walk_pages,
 )
 
-USER_SCHEMA = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
-}
 SCHEMAS = {"user": USER_SCHEMA}
 
 
@@ -301,11 +299,10 @@ def test_read_your_writes_concurrent_writers(server: ServerProcess, stream_path:
                 if [e["value"] for e in mine] != [value]:
                     failures.append(f"writer {n} append {i}: saw {mine}")
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    # Through futures, so that a writer's failed assertion or error fails the test.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for future in [pool.submit(writer, n) for n in range(8)]:
+            future.result(timeout=60)
     assert failures == []
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         messages, _ = read_messages(client, stream_path)
@@ -580,12 +577,6 @@ def test_registry_cannot_be_unregistered(client: httpx.Client) -> None:
 # -- deleting streams ------------------------------------------------------------------------
 
 
-def _stream_id(pg: psycopg.Connection[Any], path: str) -> int:
-    row = pg.execute("SELECT id FROM ds_stream WHERE path = %s", (path,)).fetchone()
-    assert row is not None
-    return row[0]
-
-
 def _stored_state(pg: psycopg.Connection[Any], stream_id: int) -> tuple[int, int]:
     entity_rows = pg.execute("SELECT count(*) FROM ds_entity WHERE stream_id = %s", (stream_id,))
     registrations = pg.execute(
@@ -603,13 +594,13 @@ def test_deleting_a_stream_drops_its_state(
         client, stream_path, [change("user", str(i), {"name": str(i)}) for i in range(5)]
     )
     register_ok(client, stream_path, SCHEMAS)
-    stream_id = _stream_id(pg, stream_path)
-    assert _stored_state(pg, stream_id) == (5, 1)
+    sid = stream_id(pg, stream_path)
+    assert _stored_state(pg, sid) == (5, 1)
 
     assert client.delete(stream_url(stream_path)).status_code == 204
     assert registration(client, stream_path).status_code == 404
     assert client.get(f"{STATE}/entities", params={"stream": stream_path}).status_code == 404
-    assert _stored_state(pg, stream_id) == (0, 0)
+    assert _stored_state(pg, sid) == (0, 0)
 
 
 def test_recreated_stream_is_not_a_state_stream(client: httpx.Client, stream_path: str) -> None:
@@ -639,11 +630,11 @@ def test_expired_stream_drops_its_state(
     )
     assert response.status_code == 201
     register_ok(client, stream_path, SCHEMAS)
-    stream_id = _stream_id(pg, stream_path)
+    sid = stream_id(pg, stream_path)
     time.sleep(2.2)
     assert client.head(stream_url(stream_path)).status_code == 404
     assert registration(client, stream_path).status_code == 404
-    assert _stored_state(pg, stream_id) == (0, 0)
+    assert _stored_state(pg, sid) == (0, 0)
     assert entities(client, REGISTRY, type="stream", key=stream_path) == []
 
 
@@ -892,19 +883,18 @@ def test_registration_racing_appends(server: ServerProcess, stream_path: str) ->
                     late_invalid_accepted.append(value)
                 i += 1
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
-        time.sleep(0.3)
-        with httpx.Client(base_url=server.base_url, timeout=30) as client:
-            body = register_ok(client, stream_path, SCHEMAS)
-            registered_at.append(time.monotonic())
-            time.sleep(0.5)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        writers = [pool.submit(writer, n) for n in range(4)]
+        try:
+            time.sleep(0.3)
+            with httpx.Client(base_url=server.base_url, timeout=30) as client:
+                body = register_ok(client, stream_path, SCHEMAS)
+                registered_at.append(time.monotonic())
+                time.sleep(0.5)
+        finally:
+            stop.set()
+        for future in writers:
+            future.result(timeout=30)  # a writer's failed assertion fails the test
     assert late_invalid_accepted == []
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         messages, _ = read_messages(client, stream_path)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import httpx
+import psycopg
 from pycrdt import Doc, Text
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -254,3 +255,15 @@ def sse_events(lines: Iterator[str]) -> Iterator[SseEvent]:
                 kind = value
             elif name == "data":
                 data.append(value)
+
+
+def compaction_counts(pg: psycopg.Connection[Any], service: str, path: str) -> tuple[int, int]:
+    """(compactions run, snapshots stored) of a document, read from the database."""
+    row = pg.execute(
+        "SELECT d.compactions, (SELECT count(*) FROM yjs_snapshot AS s"
+        " WHERE s.document_id = d.stream_id) FROM yjs_document AS d"
+        " WHERE d.service = %s AND d.path = %s",
+        (service, path),
+    ).fetchone()
+    assert row is not None, f"no document {service}/{path}"
+    return row[0], row[1]

@@ -9,20 +9,18 @@ from its Stream-Next-Offset, apply them to a fresh Y.Doc, and compare with the w
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
+from tests.conftest import command_env, manage
 from tests.yjs.support import (
     Writer,
     assert_error,
@@ -38,7 +36,6 @@ from tests.yjs.support import (
     wait_for,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 THRESHOLD = 1500
 SERVICE = unique("compact")
 COMPACTION_WAIT_SECS = 15.0
@@ -370,21 +367,10 @@ def test_document_deletion_removes_snapshots(
 
 
 def compact_yjs(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD),
-        "DS_LOG_LEVEL": "WARNING",
-    }
-    return subprocess.run(
-        [sys.executable, "manage.py", "compact_yjs", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    env = command_env(
+        database_url, YJS_COMPACTION_THRESHOLD_BYTES=str(THRESHOLD), DS_LOG_LEVEL="WARNING"
     )
+    return manage(database_url, "compact_yjs", *args, env=env, timeout=120)
 
 
 def small_document(http: httpx.Client, service: str, posts: int = 3) -> tuple[str, Written]:

@@ -9,52 +9,54 @@ from typing import Any
 
 import httpx
 import psycopg
-from pycrdt import Doc, Text
 
-from yjs.framing import frame, read_frames
+from tests.yjs.support import (
+    OCTET,
+    Writer,
+    compaction_counts,
+    content_of,
+    frame,
+    read_frames,
+    wait_for,
+)
 
 THRESHOLD = 1500
 
 
 def test_one_compaction_when_two_processes_cross_the_threshold(
-    start_server: Any, database_url: str
+    start_server: Any, pg: psycopg.Connection[Any]
 ) -> None:
     env = {"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)}
     first, second = start_server(env=env), start_server(env=env)
     doc_path = f"multiprocess/{time.time_ns()}"
     urls = [f"{s.base_url}/v1/yjs/tests/docs/{doc_path}" for s in (first, second)]
 
-    doc = Doc()
-    text = doc.get("text", type=Text)
-    updates: list[bytes] = []
-    doc.observe(lambda event: updates.append(event.update))
-    text += "x" * 1400  # one update just under the threshold
-    text += "first " * 20
-    text += "second " * 20
-    big, small_1, small_2 = updates
+    writer = Writer()
+    big = writer.edit("x" * 1400)  # one update just under the threshold
+    small_1 = writer.edit("first " * 20)
+    small_2 = writer.edit("second " * 20)
     assert len(frame(big)) < THRESHOLD < len(frame(big)) + min(len(small_1), len(small_2))
-    headers = {"Content-Type": "application/octet-stream"}
 
     with httpx.Client(timeout=30) as client:
         assert client.put(urls[0]).status_code == 201
-        assert client.post(urls[0], content=frame(big), headers=headers).status_code == 204
+        assert client.post(urls[0], content=frame(big), headers=OCTET).status_code == 204
 
         # Both processes append at once; each sees more than THRESHOLD bytes since no snapshot.
         def append(url_and_update: tuple[str, bytes]) -> int:
             url, update = url_and_update
             with httpx.Client(timeout=30) as own:
-                return own.post(url, content=frame(update), headers=headers).status_code
+                return own.post(url, content=frame(update), headers=OCTET).status_code
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             statuses = list(pool.map(append, [(urls[0], small_1), (urls[1], small_2)]))
         assert statuses == [204, 204]
 
-        deadline = time.monotonic() + 10
-        while "_snapshot" not in client.get(urls[1], params={"offset": "snapshot"}).headers.get(
-            "Location", ""
-        ):
-            assert time.monotonic() < deadline, "no compaction happened"
-            time.sleep(0.05)
+        def snapshot_location() -> str | None:
+            answer = client.get(urls[1], params={"offset": "snapshot"})
+            location = answer.headers.get("Location", "")
+            return location if "_snapshot" in location else None
+
+        wait_for(snapshot_location, 10, "a compaction")
         time.sleep(1.0)  # give the other process time to try, and find nothing to do
 
         location = client.get(urls[0], params={"offset": "snapshot"}).headers["Location"]
@@ -67,18 +69,6 @@ def test_one_compaction_when_two_processes_cross_the_threshold(
         assert since.status_code == 200
         pending = read_frames(since.content)
         assert len(pending) <= 1
-        restored = Doc()
-        restored_text = restored.get("text", type=Text)
-        restored.apply_update(snapshot.content)
-        for update in pending:
-            restored.apply_update(update)
-        assert str(restored_text) == str(text)
+        assert content_of(snapshot.content, *pending) == writer.content
 
-    with psycopg.connect(database_url) as conn:
-        compactions, snapshots = conn.execute(
-            "SELECT d.compactions, (SELECT count(*) FROM yjs_snapshot s"
-            " WHERE s.document_id = d.stream_id) FROM yjs_document d"
-            " WHERE d.service = 'tests' AND d.path = %s",
-            (doc_path,),
-        ).fetchone()
-    assert (compactions, snapshots) == (1, 1)
+    assert compaction_counts(pg, "tests", doc_path) == (1, 1)

@@ -4,10 +4,7 @@ server, driven by tests/js/yjs/providers.mjs (YJS-PROTOCOL.md 5, 8, 9)."""
 from __future__ import annotations
 
 import base64
-import json
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,9 +12,10 @@ import psycopg
 import pytest
 from pycrdt import Doc, Text
 
-from yjs.framing import read_frames
+from tests.conftest import JS_DIR, run_node
+from tests.yjs.support import compaction_counts, read_frames
 
-SCRIPT = Path(__file__).resolve().parent.parent / "js" / "yjs" / "providers.mjs"
+SCRIPT = JS_DIR / "yjs" / "providers.mjs"
 THRESHOLD = 1500  # bytes of updates since the last snapshot, lowered from 1 MiB
 YJS_ENV = {"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)}
 
@@ -28,16 +26,7 @@ def yjs_server(start_server: Any) -> Any:
 
 
 def run_providers(scenario: str, *base_urls: str) -> dict[str, Any]:
-    result = subprocess.run(
-        ["node", str(SCRIPT), scenario, *base_urls],
-        cwd=SCRIPT.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_node(SCRIPT, scenario, *base_urls, timeout=120)
 
 
 def tokens(text: str) -> set[str]:
@@ -99,7 +88,7 @@ def test_providers_converge_before_and_after_compaction(yjs_server: Any) -> None
 
 
 @pytest.mark.slow
-def test_providers_on_two_server_processes(start_server: Any, database_url: str) -> None:
+def test_providers_on_two_server_processes(start_server: Any, pg: psycopg.Connection[Any]) -> None:
     """Client A on one process, client B on another, one database: edits through one reach
     the other (the same checks as with one server)."""
     first, second = start_server(env=YJS_ENV), start_server(env=YJS_ENV)
@@ -107,11 +96,5 @@ def test_providers_on_two_server_processes(start_server: Any, database_url: str)
     base_b = f"{second.base_url}/v1/yjs/tests"
     report = run_providers("two-servers", base_a, base_b)
     check_report(report, base_a)
-    with psycopg.connect(database_url) as conn:
-        compactions, snapshots = conn.execute(
-            "SELECT d.compactions, (SELECT count(*) FROM yjs_snapshot s"
-            " WHERE s.document_id = d.stream_id) FROM yjs_document d"
-            " WHERE d.service = 'tests' AND d.path = %s",
-            (report["docId"],),
-        ).fetchone()
+    compactions, snapshots = compaction_counts(pg, "tests", report["docId"])
     assert compactions >= 1 and snapshots == 1  # old snapshots are deleted after each
