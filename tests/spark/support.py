@@ -87,6 +87,41 @@ def staging_tables(pg: psycopg.Connection[Any]) -> list[str]:
     return [row[0] for row in rows]
 
 
+def damage(pg: psycopg.Connection[Any], path: str) -> set[Entity]:
+    """Make the stored state wrong in every way a Spark run must repair: missing entities,
+    wrong values and offsets, entities that should not exist, wrong invalid count. Returns
+    the damaged entities."""
+    sid = stream_id(pg, path)
+    with pg.transaction():
+        pg.execute(
+            "DELETE FROM ds_entity WHERE id IN (SELECT id FROM ds_entity WHERE stream_id = %s"
+            " ORDER BY type, key LIMIT 150)",
+            [sid],
+        )
+        pg.execute(
+            "UPDATE ds_entity SET value = '{\"damaged\": true}', event_offset = %s WHERE id IN"
+            " (SELECT id FROM ds_entity WHERE stream_id = %s ORDER BY type DESC, key LIMIT 150)",
+            ["0000000000000000_0000000000000000", sid],
+        )
+        pg.execute(
+            "UPDATE ds_entity SET event_offset = '0000000000000001_0000000000000001' WHERE id IN"
+            " (SELECT id FROM ds_entity WHERE stream_id = %s ORDER BY key DESC LIMIT 50)",
+            [sid],
+        )
+        for i in range(10):
+            pg.execute(
+                "INSERT INTO ds_entity (stream_id, type, key, value, event_offset)"
+                " VALUES (%s, %s, %s, '1', '0000000000000000_0000000000000000')",
+                [sid, TYPES[i % len(TYPES)], f"ghost-{i}"],
+            )
+        pg.execute(
+            "UPDATE ds_state_stream SET invalid_events = 0, last_error = 'damaged'"
+            " WHERE stream_id = %s",
+            [sid],
+        )
+    return db_entities(pg, path)
+
+
 def normalized(entities: set[Entity]) -> set[Entity]:
     """Entities with ``canonical_text`` values, to compare with the API's or Parquet's."""
     return {(t, k, canonical_text(v), o) for t, k, v, o in entities}

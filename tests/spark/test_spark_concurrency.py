@@ -33,6 +33,7 @@ from tests.spark.support import (
     Entity,
     api_entities,
     canonical,
+    damage,
     db_entities,
     db_registration,
     history,
@@ -46,7 +47,6 @@ from tests.state.support import (
     entities,
     read_messages,
     register_ok,
-    stream_id,
     stream_url,
     tail,
 )
@@ -113,21 +113,9 @@ def test_readers_see_old_or_new(
     new = db_entities(pg, path)
     assert 300 < len(new) <= 1000  # the whole state fits one page of the API
 
-    # "old": the stored state made wrong (missing entities, a stale value), as a crash or a
-    # bug could leave it; the Spark run must replace it with "new".
-    sid = stream_id(pg, path)
-    with pg.transaction():
-        pg.execute(
-            "DELETE FROM ds_entity WHERE id IN (SELECT id FROM ds_entity WHERE stream_id = %s"
-            " ORDER BY key LIMIT 200)",
-            [sid],
-        )
-        pg.execute(
-            "UPDATE ds_entity SET value = '\"stale\"' WHERE id IN (SELECT id FROM ds_entity"
-            " WHERE stream_id = %s ORDER BY key DESC LIMIT 20)",
-            [sid],
-        )
-    old = db_entities(pg, path)
+    # "old": the stored state made wrong, as a crash or a bug could leave it; the Spark run
+    # must replace it with "new".
+    old = damage(pg, path)
     states = {"old": normalized(old), "new": normalized(new)}
     assert states["old"] != states["new"]
 

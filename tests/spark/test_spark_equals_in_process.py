@@ -40,6 +40,7 @@ from tests.spark.support import (
     RegistrationRow,
     api_entities,
     canonical_text,
+    damage,
     db_entities,
     db_registration,
     history,
@@ -55,7 +56,6 @@ from tests.state.support import (
     USER_SCHEMA,
     entities,
     register_ok,
-    stream_id,
     stream_url,
     tail,
 )
@@ -134,7 +134,7 @@ def reference(http: httpx.Client, pg: psycopg.Connection[Any]) -> Reference:
     assert registration.last_error.startswith("event at offset ")
     assert api_entities(entities(http, path)) == normalized(backfilled)
 
-    damaged = _damage(pg, path)
+    damaged = damage(pg, path)
     return Reference(
         path=path,
         tail=stream_tail,
@@ -144,40 +144,6 @@ def reference(http: httpx.Client, pg: psycopg.Connection[Any]) -> Reference:
         damaged_entities=damaged,
         damaged_registration=db_registration(pg, path),
     )
-
-
-def _damage(pg: psycopg.Connection[Any], path: str) -> set[Entity]:
-    """Make the stored state wrong in every way a Spark run must repair: missing entities,
-    wrong values and offsets, entities that should not exist, wrong invalid count."""
-    sid = stream_id(pg, path)
-    with pg.transaction():
-        pg.execute(
-            "DELETE FROM ds_entity WHERE id IN (SELECT id FROM ds_entity WHERE stream_id = %s"
-            " ORDER BY type, key LIMIT 150)",
-            [sid],
-        )
-        pg.execute(
-            "UPDATE ds_entity SET value = '{\"damaged\": true}', event_offset = %s WHERE id IN"
-            " (SELECT id FROM ds_entity WHERE stream_id = %s ORDER BY type DESC, key LIMIT 150)",
-            ["0000000000000000_0000000000000000", sid],
-        )
-        pg.execute(
-            "UPDATE ds_entity SET event_offset = '0000000000000001_0000000000000001' WHERE id IN"
-            " (SELECT id FROM ds_entity WHERE stream_id = %s ORDER BY key DESC LIMIT 50)",
-            [sid],
-        )
-        for i in range(10):
-            pg.execute(
-                "INSERT INTO ds_entity (stream_id, type, key, value, event_offset)"
-                " VALUES (%s, %s, %s, '1', '0000000000000000_0000000000000000')",
-                [sid, TYPES[i % len(TYPES)], f"ghost-{i}"],
-            )
-        pg.execute(
-            "UPDATE ds_state_stream SET invalid_events = 0, last_error = 'damaged'"
-            " WHERE stream_id = %s",
-            [sid],
-        )
-    return db_entities(pg, path)
 
 
 def _run(database_url: str, pg: psycopg.Connection[Any], path: str, *args: str) -> Run:
