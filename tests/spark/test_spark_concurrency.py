@@ -10,14 +10,12 @@ threads talk to the real server over HTTP.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import random
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,33 +39,23 @@ from tests.spark.support import (
     output_number,
 )
 from tests.state.support import (
-    JSON,
+    append_batches,
+    append_ok,
     change,
     control,
+    create_json_stream,
     entities,
     read_messages,
     register_ok,
-    stream_url,
     tail,
 )
 
 pytestmark = pytest.mark.slow
 
-BATCH = 1000
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
-        yield client
-
 
 def create_state_stream(http: httpx.Client, path: str, messages: list[Any]) -> None:
-    assert http.put(stream_url(path), headers=JSON).status_code == 201
-    for start in range(0, len(messages), BATCH):
-        body = json.dumps(messages[start : start + BATCH])
-        response = http.post(stream_url(path), headers=JSON, content=body)
-        assert response.status_code in (200, 204), response.text
+    create_json_stream(http, path)
+    append_batches(http, path, messages)
     register_ok(http, path)
 
 
@@ -207,16 +195,13 @@ def test_appends_during_the_job_are_not_lost(
         assert planned.wait(COMMAND_TIMEOUT)
         while not published.is_set() and process.poll() is None:
             batch = _appended_batch(rng, batches)
-            response = writer.post(stream_url(path), headers=JSON, content=json.dumps(batch))
-            assert response.status_code in (200, 204), response.text
+            append_ok(writer, path, batch)
             appended += len(batch)
             batches += 1
             time.sleep(0.02)  # a steady stream of writes, not a flood that slows the job
         # A few more right after the swap, racing its catch-up.
         for _ in range(3):
-            batch = _appended_batch(rng, batches)
-            response = writer.post(stream_url(path), headers=JSON, content=json.dumps(batch))
-            assert response.status_code in (200, 204), response.text
+            append_ok(writer, path, _appended_batch(rng, batches))
             batches += 1
     process.wait(timeout=COMMAND_TIMEOUT)
     follower.join(timeout=60)

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, ServerProcess, command_env
+from tests.conftest import ROOT, command_env
 from tests.spark.support import (
     COMMAND_TIMEOUT,
     TYPES,
@@ -52,18 +51,17 @@ from tests.spark.support import (
     staging_tables,
 )
 from tests.state.support import (
-    JSON,
     USER_SCHEMA,
+    append_batches,
+    create_json_stream,
     entities,
     register_ok,
-    stream_url,
     tail,
 )
 
 pytestmark = pytest.mark.slow
 
 MESSAGES = 101_000
-BATCH = 1000
 RESETS_AT = (31_337, 64_000)
 SCHEMAS = {"user": USER_SCHEMA}
 
@@ -87,12 +85,6 @@ class Run:
     staging_tables: list[str]
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
-        yield client
-
-
 def _history() -> list[Any]:
     rng = random.Random(20240607)
     messages = history(rng, MESSAGES - 2, resets_at=RESETS_AT, invalid_rate=0.012)
@@ -114,11 +106,8 @@ def reference(http: httpx.Client, pg: psycopg.Connection[Any]) -> Reference:
     path = f"tests/spark/equals/{time.time_ns()}"
     messages = _history()
     assert len(messages) == MESSAGES
-    assert http.put(stream_url(path), headers=JSON).status_code == 201
-    for start in range(0, len(messages), BATCH):
-        body = json.dumps(messages[start : start + BATCH])
-        response = http.post(stream_url(path), headers=JSON, content=body)
-        assert response.status_code in (200, 204), response.text
+    create_json_stream(http, path)
+    append_batches(http, path, messages)
     stream_tail = tail(http, path)
     assert int(stream_tail.split("_")[0]) == MESSAGES
 

@@ -4,7 +4,6 @@ not registered, no streams named (spark/management/commands/spark_materialize.py
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from tests.spark.support import (
     db_registration,
     staging_tables,
 )
-from tests.state.support import JSON, change, register_ok, stream_url
+from tests.state.support import change, create_json_stream, register_ok
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +29,7 @@ def registered(server: ServerProcess, pg: psycopg.Connection[Any]) -> Iterator[s
     path = f"tests/spark/errors/registered-{time.time_ns()}"
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         events = [change("item", f"k{i}", {"n": i}) for i in range(20)]
-        response = http.put(stream_url(path), headers=JSON, content=json.dumps(events))
-        assert response.status_code == 201
+        create_json_stream(http, path, events)
         register_ok(http, path)
     before = (db_entities(pg, path), db_registration(pg, path))
     assert len(before[0]) == 20
@@ -44,7 +42,7 @@ def unregistered(server: ServerProcess) -> str:
     """A JSON stream that is not a state stream."""
     path = f"tests/spark/errors/plain-{time.time_ns()}"
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        assert http.put(stream_url(path), headers=JSON).status_code == 201
+        create_json_stream(http, path)
     return path
 
 

@@ -56,6 +56,12 @@ def append_ok(client: httpx.Client, path: str, events: list[Any]) -> str:
     return response.headers["Stream-Next-Offset"]
 
 
+def append_batches(client: httpx.Client, path: str, events: list[Any], size: int = 1000) -> None:
+    """Append ``events`` in appends of ``size`` messages each."""
+    for start in range(0, len(events), size):
+        append_ok(client, path, events[start : start + size])
+
+
 def tail(client: httpx.Client, path: str) -> str:
     response = client.head(stream_url(path))
     assert response.status_code == 200, response.status_code
