@@ -3,7 +3,7 @@ server: the README's walk-through runs against it."""
 
 from __future__ import annotations
 
-import threading
+import concurrent.futures
 import time
 from typing import Any
 
@@ -33,11 +33,11 @@ def test_runserver_serves_create_append_read_sse_delete(start_server: Any) -> No
                     if line == "data:!":
                         return
 
-        reader = threading.Thread(target=follow)
-        reader.start()
-        time.sleep(0.5)
-        client.post(url, headers={"Content-Type": "text/plain"}, content="!")
-        reader.join(timeout=5)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reader = pool.submit(follow)
+            time.sleep(0.5)
+            client.post(url, headers={"Content-Type": "text/plain"}, content="!")
+            reader.result(timeout=5)  # the reader's own failures fail the test
         assert "data:!" in lines
 
         poll = client.get(url, params={"offset": "now", "live": "long-poll"})
