@@ -18,8 +18,7 @@ EXPECTED_TESTS = 332
 
 
 @pytest.mark.slow
-def test_official_conformance_suite(start_server: Any, tmp_path: Path) -> None:
-    server = start_server()
+def test_official_conformance_suite(server: Any, tmp_path: Path) -> None:
     report = tmp_path / "conformance.json"
     vitest = JS_DIR / "node_modules" / ".bin" / "vitest"
     argv = [
@@ -35,6 +34,8 @@ def test_official_conformance_suite(start_server: Any, tmp_path: Path) -> None:
         timeout=900,
         check=False,
     )
+    output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert report.exists(), f"vitest wrote no report\n{output}"
     summary = json.loads(report.read_text())
     failures = [
         t["fullName"]

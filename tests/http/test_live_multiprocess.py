@@ -28,8 +28,8 @@ ANY_ROUND_BOUND_SECONDS = 1.0
 
 
 @pytest.fixture(scope="module")
-def two_servers(start_server: Any) -> tuple[Any, Any]:
-    return start_server(), start_server()
+def two_servers(server: Any, start_server: Any) -> tuple[Any, Any]:
+    return server, start_server()
 
 
 async def _sse(

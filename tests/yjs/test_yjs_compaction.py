@@ -22,8 +22,10 @@ import pytest
 
 from tests.conftest import command_env, manage
 from tests.yjs.support import (
+    COMPACTION_THRESHOLD,
     Writer,
     assert_error,
+    compaction_counts,
     content_of,
     doc_url,
     frame,
@@ -36,15 +38,15 @@ from tests.yjs.support import (
     wait_for,
 )
 
-THRESHOLD = 1500
+THRESHOLD = COMPACTION_THRESHOLD
 SERVICE = unique("compact")
 COMPACTION_WAIT_SECS = 15.0
 CHUNK = "0123456789" * 10  # each edit's update is a little over 100 bytes
 
 
 @pytest.fixture(scope="module")
-def compacting(start_server: Any) -> Any:
-    return start_server(env={"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)})
+def compacting(compacting_servers: tuple[Any, Any]) -> Any:
+    return compacting_servers[0]
 
 
 @pytest.fixture
@@ -131,7 +133,7 @@ def sync(http: httpx.Client, url: str) -> tuple[str, str, list[bytes]]:
 
 
 def snapshot_rows(pg: psycopg.Connection[Any], url: str) -> list[tuple[int, int]]:
-    path = url.removeprefix(f"/v1/yjs/{SERVICE}/docs/")
+    path = path_of(url)
     rows = pg.execute(
         "SELECT s.seq, s.pos FROM yjs_snapshot AS s"
         " JOIN yjs_document AS d ON d.stream_id = s.document_id"
@@ -269,7 +271,7 @@ def test_unknown_snapshot_tokens(http: httpx.Client, url: str) -> None:
     ]
     for neighbour in neighbours:
         assert_error(http.get(url, params={"offset": neighbour}), 404, "SNAPSHOT_NOT_FOUND")
-    assert read_snapshot(http, url, token)
+    read_snapshot(http, url, token)
     # A real token, but of another document.
     other = doc_url(SERVICE, f"tests/{unique('other')}")
     assert http.put(other).status_code == 201
@@ -320,11 +322,8 @@ def test_writes_during_compactions_are_never_lost(
         assert text.startswith(before), (len(before), len(text))
         assert final.startswith(text)
 
-    compactions = pg.execute(
-        "SELECT compactions FROM yjs_document WHERE service = %s AND path = %s",
-        (SERVICE, url.removeprefix(f"/v1/yjs/{SERVICE}/docs/")),
-    ).fetchone()
-    assert compactions is not None and compactions[0] >= 2, compactions
+    compactions, _ = compaction_counts(pg, SERVICE, path_of(url))
+    assert compactions >= 2, compactions
     text, offset, updates = sync(http, url)
     assert text == final == written.writer.content
     assert offset != "-1"
@@ -342,7 +341,7 @@ def test_document_deletion_removes_snapshots(
     assert len(snapshot_rows(pg, url)) == 1
     stream_id = pg.execute(
         "SELECT stream_id FROM yjs_document WHERE service = %s AND path = %s",
-        (SERVICE, url.removeprefix(f"/v1/yjs/{SERVICE}/docs/")),
+        (SERVICE, path_of(url)),
     ).fetchone()
     assert stream_id is not None
 

@@ -11,6 +11,7 @@ import httpx
 import psycopg
 
 from tests.yjs.support import (
+    COMPACTION_THRESHOLD,
     OCTET,
     Writer,
     compaction_counts,
@@ -20,14 +21,11 @@ from tests.yjs.support import (
     wait_for,
 )
 
-THRESHOLD = 1500
-
 
 def test_one_compaction_when_two_processes_cross_the_threshold(
-    start_server: Any, pg: psycopg.Connection[Any]
+    compacting_servers: tuple[Any, Any], pg: psycopg.Connection[Any]
 ) -> None:
-    env = {"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)}
-    first, second = start_server(env=env), start_server(env=env)
+    first, second = compacting_servers
     doc_path = f"multiprocess/{time.time_ns()}"
     urls = [f"{s.base_url}/v1/yjs/tests/docs/{doc_path}" for s in (first, second)]
 
@@ -35,13 +33,14 @@ def test_one_compaction_when_two_processes_cross_the_threshold(
     big = writer.edit("x" * 1400)  # one update just under the threshold
     small_1 = writer.edit("first " * 20)
     small_2 = writer.edit("second " * 20)
-    assert len(frame(big)) < THRESHOLD < len(frame(big)) + min(len(small_1), len(small_2))
+    just_under = len(frame(big))
+    assert just_under < COMPACTION_THRESHOLD < just_under + min(len(small_1), len(small_2))
 
     with httpx.Client(timeout=30) as client:
         assert client.put(urls[0]).status_code == 201
         assert client.post(urls[0], content=frame(big), headers=OCTET).status_code == 204
 
-        # Both processes append at once; each sees more than THRESHOLD bytes since no snapshot.
+        # Both processes append at once; each sees the threshold crossed with no snapshot.
         def append(url_and_update: tuple[str, bytes]) -> int:
             url, update = url_and_update
             with httpx.Client(timeout=30) as own:

@@ -16,13 +16,11 @@ from tests.conftest import JS_DIR, run_node
 from tests.yjs.support import compaction_counts, read_frames
 
 SCRIPT = JS_DIR / "yjs" / "providers.mjs"
-THRESHOLD = 1500  # bytes of updates since the last snapshot, lowered from 1 MiB
-YJS_ENV = {"YJS_COMPACTION_THRESHOLD_BYTES": str(THRESHOLD)}
 
 
 @pytest.fixture(scope="module")
-def yjs_server(start_server: Any) -> Any:
-    return start_server(env=YJS_ENV)
+def yjs_server(compacting_servers: tuple[Any, Any]) -> Any:
+    return compacting_servers[0]
 
 
 def run_providers(scenario: str, *base_urls: str) -> dict[str, Any]:
@@ -88,10 +86,12 @@ def test_providers_converge_before_and_after_compaction(yjs_server: Any) -> None
 
 
 @pytest.mark.slow
-def test_providers_on_two_server_processes(start_server: Any, pg: psycopg.Connection[Any]) -> None:
+def test_providers_on_two_server_processes(
+    compacting_servers: tuple[Any, Any], pg: psycopg.Connection[Any]
+) -> None:
     """Client A on one process, client B on another, one database: edits through one reach
     the other (the same checks as with one server)."""
-    first, second = start_server(env=YJS_ENV), start_server(env=YJS_ENV)
+    first, second = compacting_servers
     base_a = f"{first.base_url}/v1/yjs/tests"
     base_b = f"{second.base_url}/v1/yjs/tests"
     report = run_providers("two-servers", base_a, base_b)
