@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from tests.conftest import command_env, manage
+from tests.state.support import change
+from tests.yjs.support import frames
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -141,15 +143,7 @@ def test_admin_shows_state_streams_and_entities(
     type, searchable by key, values as pretty JSON."""
     path = f"admin/{time.time_ns()}/state"
     client.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"})
-    events = [
-        {
-            "type": "user",
-            "key": "u-1",
-            "value": {"name": "Ada"},
-            "headers": {"operation": "insert"},
-        },
-        {"type": "team", "key": "t-1", "value": {"size": 3}, "headers": {"operation": "insert"}},
-    ]
+    events = [change("user", "u-1", {"name": "Ada"}), change("team", "t-1", {"size": 3})]
     client.post(f"/v1/stream/{path}", headers={"Content-Type": "application/json"}, json=events)
     registered = client.post(
         "/v1/state/streams",
@@ -184,8 +178,6 @@ def test_admin_shows_and_compacts_yjs_documents(
     the content decoded with pycrdt, and an action to compact now."""
     from pycrdt import Doc, Text
 
-    from yjs.framing import frame
-
     doc_path = f"admin-{time.time_ns()}"
     url = f"/v1/yjs/admin/docs/{doc_path}"
     doc = Doc()
@@ -194,7 +186,7 @@ def test_admin_shows_and_compacts_yjs_documents(
     doc.observe(lambda event: updates.append(event.update))
     text += "Hello from the admin test"
     assert client.put(url).status_code == 201
-    body = b"".join(frame(u) for u in updates)
+    body = frames(*updates)
     post = client.post(url, content=body, headers={"Content-Type": "application/octet-stream"})
     assert post.status_code == 204
 
