@@ -43,17 +43,17 @@ serve: setup
 test: test-setup
 	$(PY) -m pytest
 
-lint:
+lint: $(PY_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format:
+format: $(PY_STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 ## Benchmarks against a running server: make bench URL=http://127.0.0.1:8000
 URL ?= http://127.0.0.1:$(PORT)
-bench: setup
+bench: $(PY_STAMP)
 	$(PY) bench/streams_bench.py $(URL)
 
 ## The project's local PostgreSQL (used when DATABASE_URL is unset).
