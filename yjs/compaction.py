@@ -26,6 +26,7 @@ from django.db import connection, transaction
 
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
+from streams.store.pool import get_pool
 from yjs.framing import read_frames
 from yjs.models import YjsDocument, YjsSnapshot
 from yjs.updates import snapshot_of
@@ -183,15 +184,20 @@ async def _compact_soon(stream_id: int) -> None:
 
 async def _refresh_covered(stream_id: int) -> None:
     """Nothing was compacted here (another process did it, or it was not needed): learn the
-    current snapshot position so the next appends are judged against it."""
-    from streams.store.pool import get_pool
-
+    current snapshot position so the next appends are judged against it. Without a document
+    row (deleted since the append, or a create interrupted before its row) the document is
+    forgotten: otherwise its recorded tail stays past the threshold and it is rescheduled
+    forever. An append after the next PUT records it again."""
     pool = await get_pool()
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT s.pos FROM yjs_document AS d JOIN yjs_snapshot AS s ON s.id = d.snapshot_id"
-            " WHERE d.stream_id = %s",
+            "SELECT s.pos FROM yjs_document AS d"
+            " LEFT JOIN yjs_snapshot AS s ON s.id = d.snapshot_id WHERE d.stream_id = %s",
             (stream_id,),
         )
         row = await cur.fetchone()
-    _covered[stream_id] = row[0] if row else 0
+    if row is None:
+        _tails.pop(stream_id, None)
+        _covered.pop(stream_id, None)
+    else:
+        _covered[stream_id] = row[0] or 0
