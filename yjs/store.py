@@ -101,13 +101,12 @@ async def delete_document(doc: DocRef) -> bool:
             "DELETE FROM yjs_document WHERE service = %s AND path = %s",
             (doc.service, doc.doc_path),
         )
-        # Awareness streams of this document: the prefix, then a name without '/'.
+        # Awareness streams of this document: the prefix, then a name without '/'. PostgreSQL
+        # calls the volatile ds_delete after sorting, so rows are locked in path order.
         prefix = doc.awareness_prefix
-        cur = await conn.execute(
-            "SELECT path FROM ds_stream WHERE starts_with(path, %s)"
-            " AND position('/' IN substr(path, %s)) = 0",
+        await conn.execute(
+            "SELECT ds_delete(path) FROM ds_stream WHERE starts_with(path, %s)"
+            " AND position('/' IN substr(path, %s)) = 0 ORDER BY path",
             (prefix, len(prefix) + 1),
         )
-        for (path,) in await cur.fetchall():
-            await conn.execute("SELECT ds_delete(%s)", (path,))
     return outcome not in ("not_found", "gone")
