@@ -31,6 +31,11 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
               "compactions", "created_at", "content"]  # fmt: skip
     readonly_fields = fields
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[YjsDocument]:
+        # The list shows the snapshot's position and time, not its bytes (which can be
+        # megabytes per row); the detail page's preview loads them when it reads them.
+        return super().get_queryset(request).defer("snapshot__data")
+
     @admin.display(description="bytes since snapshot")
     def since_snapshot(self, obj: YjsDocument) -> int:
         return bytes_since_snapshot(obj, obj.stream)

@@ -28,8 +28,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        documents = YjsDocument.objects.select_related("snapshot", "stream").order_by(
-            "service", "path"
+        # Only positions are read here; compact() loads the snapshot's bytes itself.
+        documents = (
+            YjsDocument.objects.select_related("snapshot", "stream")
+            .defer("snapshot__data")
+            .order_by("service", "path")
         )
         if options["doc"]:
             if not options["service"]:
