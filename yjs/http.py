@@ -132,7 +132,7 @@ async def _document(
 
 async def _discover_snapshot(request: Request, doc: DocRef) -> Response:
     """307 to the current snapshot, or to offset=-1 without one (YJS-PROTOCOL.md 5.2)."""
-    _, covers = await store.snapshot_pointer(doc)
+    covers = await store.snapshot_pointer(doc)
     offset = snapshot_key(covers) if covers is not None else "-1"
     location = f"{request.raw_path}?offset={offset}"
     return Response(307, {"Location": location, "Cache-Control": "private, max-age=5"})

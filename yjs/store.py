@@ -17,7 +17,7 @@ OCTET_STREAM = "application/octet-stream"
 # From the stream, so a document whose row is missing (a create interrupted between its two
 # statements; the next PUT adds it) still reads as a document without a snapshot.
 _SNAPSHOT_POINTER_SQL = (
-    "SELECT st.id, s.seq, s.pos FROM ds_stream AS st"
+    "SELECT s.seq, s.pos FROM ds_stream AS st"
     " LEFT JOIN yjs_document AS d ON d.stream_id = st.id"
     " LEFT JOIN yjs_snapshot AS s ON s.id = d.snapshot_id"
     " WHERE st.path = %s AND st.deleted_at IS NULL"
@@ -62,17 +62,17 @@ async def create_awareness(doc: DocRef, name: str) -> bool:
     return result.created
 
 
-async def snapshot_pointer(doc: DocRef) -> tuple[int, Offset | None]:
-    """(update stream id, position the current snapshot covers, or None without one).
-    NotFound when the document does not exist."""
+async def snapshot_pointer(doc: DocRef) -> Offset | None:
+    """The position the current snapshot covers, or None without one. NotFound when the
+    document does not exist."""
     pool = await get_pool()
     async with pool.connection() as conn:
         cur = await conn.execute(_SNAPSHOT_POINTER_SQL, (doc.updates_stream,))
         row = await cur.fetchone()
     if row is None:
         raise NotFound("document does not exist")
-    stream_id, seq, pos = row
-    return stream_id, (Offset(seq, pos) if seq is not None else None)
+    seq, pos = row
+    return Offset(seq, pos) if seq is not None else None
 
 
 async def snapshot_data(doc: DocRef, covers: Offset) -> bytes | None:
