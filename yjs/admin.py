@@ -38,7 +38,7 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
 
     @admin.display(description="bytes since snapshot")
     def since_snapshot(self, obj: YjsDocument) -> int:
-        return bytes_since_snapshot(obj, obj.stream)
+        return bytes_since_snapshot(obj)
 
     @admin.display(description="snapshot offset")
     def snapshot_offset(self, obj: YjsDocument) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
-from streams.models import Message, Stream
+from streams.models import Message
 from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
 from yjs.framing import read_frames
@@ -47,9 +47,9 @@ class Compaction:
     seconds: float
 
 
-def bytes_since_snapshot(document: YjsDocument, stream: Stream) -> int:
+def bytes_since_snapshot(document: YjsDocument) -> int:
     base = document.snapshot.pos if document.snapshot is not None else 0
-    return stream.next_pos - base
+    return document.stream.next_pos - base
 
 
 def updates_since_snapshot(document: YjsDocument, end_seq: int | None = None) -> list[bytes]:
@@ -91,7 +91,7 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
     old = document.snapshot
     base = old.covers if old is not None else Offset(0, 0)
     tail = Offset(document.stream.next_seq, document.stream.next_pos)
-    pending = bytes_since_snapshot(document, document.stream)
+    pending = bytes_since_snapshot(document)
     if tail.seq == base.seq or (not force and pending <= settings.YJS_COMPACTION_THRESHOLD_BYTES):
         return None
 
@@ -121,10 +121,10 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
     )
 
 
-def compact_in_thread(stream_id: int, force: bool = False) -> Compaction | None:
+def compact_in_thread(stream_id: int) -> Compaction | None:
     """``compact`` for a worker thread: its database connection is closed afterwards."""
     try:
-        return compact(stream_id, force=force)
+        return compact(stream_id)
     finally:
         connection.close()
 

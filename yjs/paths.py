@@ -43,10 +43,6 @@ class DocRef:
     def awareness_prefix(self) -> str:
         return f"{INTERNAL_PREFIX}{self.service}/awareness/{self.doc_path}/"
 
-    @property
-    def url_path(self) -> str:
-        return f"{ROUTE}{self.service}/docs/{self.doc_path}"
-
 
 def parse_doc_url(raw_path: str) -> DocRef:
     """``/v1/yjs/<service>/docs/<doc path>`` as sent (percent-encoded). Doc paths are segments

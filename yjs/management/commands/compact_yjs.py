@@ -50,7 +50,7 @@ class Command(BaseCommand):
         total = documents.count()
         compacted = 0
         for index, document in enumerate(documents.iterator(), start=1):
-            pending = bytes_since_snapshot(document, document.stream)
+            pending = bytes_since_snapshot(document)
             label = f"[{index}/{total}] {document}"
             if not options["force"] and pending <= threshold:
                 self.stdout.write(f"{label}: {pending} bytes since the last snapshot, skipped")
