@@ -22,25 +22,31 @@ def frame(update: bytes) -> bytes:
     return write_var_uint(len(update)) + update
 
 
+def read_var_uint(data: bytes, index: int) -> tuple[int, int]:
+    """The var-uint starting at ``data[index]`` and the index after it; FramingError when it
+    is cut off or longer than 8 bytes."""
+    value = 0
+    shift = 0
+    while True:
+        if index >= len(data):
+            raise FramingError("truncated length prefix")
+        byte = data[index]
+        index += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, index
+        shift += 7
+        if shift > 49:  # lengths beyond 2^53 are not lengths of anything
+            raise FramingError("length prefix too long")
+
+
 def read_frames(data: bytes) -> list[bytes]:
     """The updates of a lib0-framed body, each complete; FramingError otherwise."""
     updates = []
     index = 0
     end = len(data)
     while index < end:
-        length = 0
-        shift = 0
-        while True:
-            if index >= end:
-                raise FramingError("truncated length prefix")
-            byte = data[index]
-            index += 1
-            length |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-            if shift > 49:  # lengths beyond 2^53 are not lengths of anything
-                raise FramingError("length prefix too long")
+        length, index = read_var_uint(data, index)
         if index + length > end:
             raise FramingError(f"frame of {length} bytes runs past the end of the body")
         updates.append(data[index : index + length])

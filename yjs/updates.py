@@ -5,6 +5,7 @@ from __future__ import annotations
 from pycrdt import Doc, get_update, merge_updates
 
 from streams.errors import BadRequest
+from yjs.framing import read_var_uint
 
 
 def check_updates(updates: list[bytes]) -> None:
@@ -50,17 +51,6 @@ def snapshot_of(updates: list[bytes]) -> bytes:
     return merge_updates(encoded, *pending) if pending else encoded
 
 
-def _var_uint(data: bytes, index: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[index]
-        index += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, index
-        shift += 7
-
-
 DeleteSet = dict[int, list[tuple[int, int]]]  # client -> [(clock, length)]
 
 
@@ -68,15 +58,15 @@ def _delete_set(update: bytes) -> DeleteSet:
     """The delete set of a v1 update that has no structs (``get_update(u, state)`` of integrated
     content): after the zero struct count, per client: id, range count, (clock, length) pairs."""
     index = 1
-    clients, index = _var_uint(update, index)
+    clients, index = read_var_uint(update, index)
     result: DeleteSet = {}
     for _ in range(clients):
-        client, index = _var_uint(update, index)
-        count, index = _var_uint(update, index)
+        client, index = read_var_uint(update, index)
+        count, index = read_var_uint(update, index)
         ranges = result.setdefault(client, [])
         for _ in range(count):
-            clock, index = _var_uint(update, index)
-            length, index = _var_uint(update, index)
+            clock, index = read_var_uint(update, index)
+            length, index = read_var_uint(update, index)
             ranges.append((clock, length))
     return result
 
