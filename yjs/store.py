@@ -28,13 +28,23 @@ _SNAPSHOT_DATA_SQL = (
 )
 
 
+async def _create_stream(path: str, *, ttl_seconds: int | None) -> CreateResult:
+    """An open, empty binary stream; idempotent."""
+    request = CreateRequest(
+        path,
+        OCTET_STREAM,
+        ttl_seconds=ttl_seconds,
+        expires_at=None,
+        closed=False,
+        messages=[],
+    )
+    return await create_stream(request, max_stream_bytes=settings.DS_MAX_STREAM_BYTES)
+
+
 async def create_document(doc: DocRef) -> CreateResult:
     """Create the document's update stream, its default awareness stream and its row
     (YJS-PROTOCOL.md 5.1); idempotent. Returns the update stream's creation."""
-    result = await create_stream(
-        CreateRequest(doc.updates_stream, OCTET_STREAM, None, None, False, []),
-        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
-    )
+    result = await _create_stream(doc.updates_stream, ttl_seconds=None)
     pool = await get_pool()
     async with pool.connection() as conn:
         await conn.execute(
@@ -48,16 +58,8 @@ async def create_document(doc: DocRef) -> CreateResult:
 
 async def create_awareness(doc: DocRef, name: str) -> bool:
     """Create an awareness stream (1 h sliding TTL); idempotent. Returns whether it is new."""
-    result = await create_stream(
-        CreateRequest(
-            doc.awareness_stream(name),
-            OCTET_STREAM,
-            settings.YJS_AWARENESS_TTL_SECS,
-            None,
-            False,
-            [],
-        ),
-        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+    result = await _create_stream(
+        doc.awareness_stream(name), ttl_seconds=settings.YJS_AWARENESS_TTL_SECS
     )
     return result.created
 
