@@ -38,16 +38,16 @@ class Command(BaseCommand):
             if not options["service"]:
                 raise CommandError("--doc needs --service")
             documents = documents.filter(service=options["service"], path=options["doc"])
-            if not documents.exists():
-                raise CommandError(f"no document {options['service']}/{options['doc']}")
         elif options["all"]:
             if options["service"]:
                 documents = documents.filter(service=options["service"])
         else:
             raise CommandError("name a document (--service S --doc PATH) or pass --all")
 
-        threshold = settings.YJS_COMPACTION_THRESHOLD_BYTES
         total = documents.count()
+        if options["doc"] and not total:
+            raise CommandError(f"no document {options['service']}/{options['doc']}")
+        threshold = settings.YJS_COMPACTION_THRESHOLD_BYTES
         compacted = 0
         for index, document in enumerate(documents.iterator(), start=1):
             pending = bytes_since_snapshot(document)
