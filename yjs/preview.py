@@ -19,9 +19,7 @@ def _read(update: bytes, name: str, kind: type) -> Any:
     doc = Doc()
     doc.apply_update(update)
     root = doc.get(name, type=kind)
-    if kind is Map:
-        return root.to_py() or None
-    if kind is Array:
+    if kind is Map or kind is Array:
         return root.to_py() or None
     return str(root) or None
 
