@@ -3,4 +3,3 @@ events in the same transaction (by ``sql/state.sql``), so its materialized state
 catalog of streams."""
 
 REGISTRY_PATH = "__registry__"
-REGISTRY_TYPE = "stream"
