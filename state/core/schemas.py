@@ -28,15 +28,17 @@ __all__ = [
 class SchemaValidator:
     """One entity type's schema. The hot path asks jsonschema-rs (compiled once, ~50x faster
     than the pure-Python validator); a value it refuses is explained by ``jsonschema``, whose
-    messages and paths are the reference (docs/decisions.md)."""
+    messages and paths are the reference (docs/decisions.md). Both are built once, by
+    ``compile_schemas`` (executors of the Spark job compile their own: neither pickles)."""
 
     schema: dict[str, Any]
     fast: Any
+    explainer: Any  # a jsonschema validator of the schema's draft
 
     def error(self, value: Any) -> str | None:
         if self.fast.is_valid(value):
             return None
-        explained = next(iter(validator_for(self.schema)(self.schema).iter_errors(value)), None)
+        explained = next(iter(self.explainer.iter_errors(value)), None)
         if explained is None:  # the two libraries disagree: trust the one that refused
             try:
                 self.fast.validate(value)
@@ -56,12 +58,13 @@ def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
     for entity_type, schema in schemas.items():
         if not isinstance(schema, dict | bool):
             raise SchemaError(f"the schema of {entity_type!r} must be an object or a boolean")
-        validator_for(schema).check_schema(schema)
+        explainer_class = validator_for(schema)
+        explainer_class.check_schema(schema)
         try:
             fast = jsonschema_rs.validator_for(schema)
         except (ValueError, jsonschema_rs.ValidationError) as exc:
             raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
-        compiled[entity_type] = SchemaValidator(schema, fast)
+        compiled[entity_type] = SchemaValidator(schema, fast, explainer_class(schema))
     return compiled
 
 
