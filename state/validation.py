@@ -15,13 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.core import InvalidEvent, parse_event
-from state.core.schemas import (
-    SchemaError,
-    SchemaValidator,
-    compile_schemas,
-    schema_error,
-    unstorable,
-)
+from state.core.schemas import SchemaError, SchemaValidator, compile_schemas, rejection
 from streams.errors import BadRequest
 from streams.store.pool import get_pool
 
@@ -60,18 +54,6 @@ async def _load(path: str) -> Registration | None:
     return registration
 
 
-def validate_events(values: list[Any], validators: dict[str, SchemaValidator]) -> None:
-    """Raise BadRequest for the first invalid event, naming its index in the append."""
-    for index, value in enumerate(values):
-        try:
-            event = parse_event(value)
-        except InvalidEvent as exc:
-            raise BadRequest(f"event {index}: not a valid state event: {exc}") from None
-        reason = schema_error(event, validators)
-        if reason is not None:
-            raise BadRequest(f"event {index}: {reason}")
-
-
 async def validate_state_append(
     path: str, values: list[Any], messages: list[bytes], refresh: bool
 ) -> int | None:
@@ -97,8 +79,12 @@ async def validate_state_append(
 def _validate_append(
     values: list[Any], messages: list[bytes], validators: dict[str, SchemaValidator]
 ) -> None:
-    validate_events(values, validators)
-    for index, message in enumerate(messages):
-        reason = unstorable(message)
+    """Raise BadRequest for the first refused event, naming its index in the append."""
+    for index, (value, message) in enumerate(zip(values, messages, strict=True)):
+        try:
+            event = parse_event(value)
+        except InvalidEvent as exc:
+            raise BadRequest(f"event {index}: not a valid state event: {exc}") from None
+        reason = rejection(event, message, validators)
         if reason is not None:
             raise BadRequest(f"event {index}: {reason}")

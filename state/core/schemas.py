@@ -19,6 +19,7 @@ __all__ = [
     "SchemaValidator",
     "compile_schemas",
     "judge",
+    "rejection",
     "schema_error",
     "unstorable",
 ]
@@ -94,6 +95,15 @@ def unstorable(message: bytes) -> str | None:
     return None
 
 
+def rejection(
+    event: StateEvent, message: bytes, validators: dict[str, SchemaValidator]
+) -> str | None:
+    """Why a State Event is refused (its value fails the schema of its type, or PostgreSQL
+    cannot store its message), or None. The append validation and ``judge`` (both Python
+    materializers) ask this, so all three refuse the same events for the same reasons."""
+    return schema_error(event, validators) or unstorable(message)
+
+
 def judge(
     message: bytes, validators: dict[str, SchemaValidator]
 ) -> tuple[StateEvent, None] | tuple[None, str]:
@@ -103,7 +113,7 @@ def judge(
         event = parse_event(json.loads(message))
     except ValueError as exc:  # not JSON, or not a State Event (InvalidEvent)
         return None, str(exc)
-    reason = schema_error(event, validators) or unstorable(message)
+    reason = rejection(event, message, validators)
     if reason is not None:
         return None, reason
     return event, None
