@@ -28,14 +28,6 @@ class PlannedStream:
     segments: list[tuple[int, int, int]]
     schemas: dict[str, Any]
 
-    def as_job_plan(self) -> dict[str, Any]:
-        return {
-            "stream_id": self.stream_id,
-            "path": self.path,
-            "segments": self.segments,
-            "schemas": self.schemas,
-        }
-
 
 def plan(paths: list[str] | None) -> list[PlannedStream]:
     """The registered streams to materialize (all when ``paths`` is None), each with the tail
