@@ -69,36 +69,36 @@ def drop_staging_table(name: str) -> None:
 
 @dataclass(frozen=True)
 class Published:
-    stream_id: int
-    entities: int
+    streams: int  # swapped in; the others were unregistered or re-registered during the job
     caught_up: int  # messages appended during the job, applied after the swap
 
 
 def publish(
     staging: str, planned: list[PlannedStream], invalid: dict[int, tuple[int, str]]
-) -> list[Published]:
+) -> Published:
     """Swap in the staged entities of every planned stream whose registration is unchanged."""
-    results = []
     with transaction.atomic(), connection.cursor() as cursor:
-        ids = [p.stream_id for p in sorted(planned, key=lambda p: p.stream_id)]
+        # ORDER BY fixes the lock order (rows are locked as the sorted scan returns them).
         cursor.execute(
             "SELECT stream_id, version FROM ds_state_stream WHERE stream_id = ANY(%s)"
             " ORDER BY stream_id FOR UPDATE",
-            [ids],
+            [[p.stream_id for p in planned]],
         )
         current = dict(cursor.fetchall())
-        for p in planned:
-            if current.get(p.stream_id) != p.version:
-                continue  # unregistered or re-registered during the job: leave it alone
+        # Unregistered or re-registered during the job: leave those alone.
+        accepted = [p for p in planned if current.get(p.stream_id) == p.version]
+        ids = [p.stream_id for p in accepted]
+        # One statement each: the staging table has no index, so it is scanned once.
+        cursor.execute("DELETE FROM ds_entity WHERE stream_id = ANY(%s)", [ids])
+        cursor.execute(
+            f"INSERT INTO ds_entity (stream_id, type, key, value, event_offset)"
+            f" SELECT stream_id, type, key, value::jsonb, event_offset FROM {staging}"
+            f" WHERE stream_id = ANY(%s)",
+            [ids],
+        )
+        caught_up = 0
+        for p in accepted:
             invalid_events, last_error = invalid.get(p.stream_id, (0, ""))
-            cursor.execute("DELETE FROM ds_entity WHERE stream_id = %s", [p.stream_id])
-            cursor.execute(
-                f"INSERT INTO ds_entity (stream_id, type, key, value, event_offset)"
-                f" SELECT stream_id, type, key, value::jsonb, event_offset FROM {staging}"
-                f" WHERE stream_id = %s",
-                [p.stream_id],
-            )
-            entities = cursor.rowcount
             cursor.execute(
                 "UPDATE ds_state_stream SET materialized_seq = %s, materialized_pos = %s,"
                 " invalid_events = %s, last_error = %s WHERE stream_id = %s",
@@ -106,5 +106,5 @@ def publish(
             )
             # What was appended during the job, as any catch-up applies it (row lock held).
             cursor.execute("SELECT ds_state_catch_up(%s, NULL, true)", [p.stream_id])
-            results.append(Published(p.stream_id, entities, cursor.fetchone()[0]))
-    return results
+            caught_up += cursor.fetchone()[0]
+    return Published(len(accepted), caught_up)

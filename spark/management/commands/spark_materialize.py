@@ -96,10 +96,9 @@ class Command(BaseCommand):
             if staging is not None:
                 invalid = {r.stream_id: (r.invalid, r.last_error) for r in reports}
                 published = publish(staging, planned, invalid)
-                caught_up = sum(p.caught_up for p in published)
                 self.stdout.write(
-                    f"publish: {len(published)} streams swapped in one transaction"
-                    f" (+{caught_up} messages appended meanwhile applied)"
+                    f"publish: {published.streams} streams swapped in one transaction"
+                    f" (+{published.caught_up} messages appended meanwhile applied)"
                 )
         finally:
             if staging is not None:
