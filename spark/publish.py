@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from state.models import StateStream
+from state.services import catch_up
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,5 @@ def publish(
                 [p.tail_seq, p.tail_pos, invalid_events, last_error, p.stream_id],
             )
             # What was appended during the job, as any catch-up applies it (row lock held).
-            cursor.execute("SELECT ds_state_catch_up(%s, NULL, true)", [p.stream_id])
-            caught_up += cursor.fetchone()[0]
+            caught_up += catch_up(p.stream_id)
     return Published(len(accepted), caught_up)

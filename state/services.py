@@ -1,4 +1,4 @@
-"""Services of the state app: registering and unregistering state streams.
+"""Services of the state app: registering, unregistering and catching up state streams.
 
 Each runs in one transaction holding the stream's row lock, the same lock appends take, so a
 registration and its backfill see the stream at one exact tail and no append slips between.
@@ -26,6 +26,12 @@ class Registered:
     registration: StateStream
     created: bool
     rebuilt: RebuildResult | None
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    stream_id: int
+    applied: int  # messages materialized by this call
 
 
 def locked_stream(path: str) -> Stream:
@@ -99,3 +105,17 @@ def catch_up(stream_id: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT ds_state_catch_up(%s, NULL, true)", [stream_id])
         return cursor.fetchone()[0]
+
+
+def catch_up_state_stream(*, path: str) -> CaughtUp | None:
+    """``catch_up`` of the state stream at ``path``, found and caught up in one statement;
+    None when ``path`` is not a state stream."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.stream_id, ds_state_catch_up(r.stream_id, NULL, true)"
+            " FROM ds_state_stream AS r JOIN ds_stream AS s ON s.id = r.stream_id"
+            " WHERE s.path = %s",
+            [path],
+        )
+        row = cursor.fetchone()
+    return None if row is None else CaughtUp(*row)

@@ -18,7 +18,11 @@ from state.api.serializers import (
     StateStreamSerializer,
 )
 from state.models import EntityState, StateStream
-from state.services import catch_up, register_state_stream, unregister_state_stream
+from state.services import (
+    catch_up_state_stream,
+    register_state_stream,
+    unregister_state_stream,
+)
 from streams.errors import BadRequest, NotFound
 
 
@@ -51,17 +55,13 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
     serializer_class = StateStreamSerializer
 
     def get_object(self) -> StateStream:
-        registration = (
-            StateStream.objects.select_related("stream")
-            .filter(stream__path=self.kwargs["stream"])
-            .first()
-        )
-        if registration is None:
-            raise NotFound(f"stream {self.kwargs['stream']!r} is not a state stream")
-        catch_up(registration.pk)  # report where the state is now, not before the last append
-        registration.refresh_from_db(
-            fields=["materialized_seq", "materialized_pos", "invalid_events", "last_error"]
-        )
+        path = self.kwargs["stream"]
+        # Catch up first: report where the state is now, not before the last append.
+        caught_up = catch_up_state_stream(path=path)
+        registrations = StateStream.objects.select_related("stream")
+        registration = registrations.filter(pk=caught_up.stream_id).first() if caught_up else None
+        if registration is None:  # not registered, or unregistered since the catch-up
+            raise NotFound(f"stream {path!r} is not a state stream")
         return registration
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -88,11 +88,11 @@ class EntityList(generics.ListAPIView):
         path = request.query_params.get("stream")
         if not path:
             raise BadRequest("the stream query parameter is required")
-        registered = StateStream.objects.filter(stream__path=path)
-        self.stream_id = registered.values_list("pk", flat=True).first()
-        if self.stream_id is None:
+        # Read-your-writes: reflect every acknowledged append.
+        caught_up = catch_up_state_stream(path=path)
+        if caught_up is None:
             raise NotFound(f"stream {path!r} is not a state stream")
-        catch_up(self.stream_id)  # read-your-writes: reflect every acknowledged append
+        self.stream_id = caught_up.stream_id
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             return super().list(request, *args, **kwargs)

@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from state.models import StateStream
-from state.services import catch_up, rebuild_state_stream
+from state.services import catch_up_state_stream, rebuild_state_stream
 from streams.errors import ProtocolError
 
 
@@ -66,8 +66,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  last invalid event: {result.last_error}")
 
     def _catch_up(self, path: str) -> None:
-        registration = StateStream.objects.filter(stream__path=path).first()
-        if registration is None:
+        caught_up = catch_up_state_stream(path=path)
+        if caught_up is None:
             raise CommandError(f"{path}: not a state stream")
-        applied = catch_up(registration.pk)
-        self.stdout.write(f"{path}: up to date ({applied} messages applied)")
+        self.stdout.write(f"{path}: up to date ({caught_up.applied} messages applied)")
