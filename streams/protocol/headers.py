@@ -21,7 +21,9 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _UINT_RE = re.compile(r"0|[1-9][0-9]{0,15}")
 # RFC 9110 token, for the type and subtype of a media type.
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
-_MEDIA_TYPE_RE = re.compile(rf"\s*({_TOKEN})/({_TOKEN})\s*(;.*)?", re.DOTALL)
+# Whitespace around the type is HTTP OWS, space and tab only (RFC 9110 5.6.3): the store's
+# ds_media_type (streams/store/sql/functions.sql) trims exactly these, and the two must agree.
+_MEDIA_TYPE_RE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*(;.*)?", re.DOTALL)
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 JSON = "application/json"

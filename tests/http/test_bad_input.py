@@ -255,3 +255,30 @@ def test_no_500_for_garbage_headers(client: httpx.Client, text_stream: str) -> N
         raw_get = {name: value.encode("latin-1") for name, value in headers.items()}
         assert client.get(text_stream, headers=raw_get).status_code in (200, 304)
     assert snapshot(client, text_stream) == before
+
+
+def test_content_type_whitespace_is_http_ows(client: httpx.Client, stream_path: str) -> None:
+    """RFC 9110 5.6.3, PROTOCOL.md 5.2: space or tab before a parameter is optional whitespace,
+    so a stream created as ``application/json<TAB>;charset=utf-8`` is a JSON stream that takes
+    JSON appends (the store and the handlers once disagreed on what whitespace is: 409)."""
+    url = f"/v1/stream/{stream_path}-ows"
+    tabbed = {"Content-Type": "application/json\t;charset=utf-8"}
+    assert client.put(url, headers=tabbed, content='[{"a":1}]').status_code == 201
+    assert client.post(url, headers=JSON, content='{"b":2}').status_code == 204
+    assert client.post(url, headers=tabbed, content='{"c":3}').status_code == 204
+    assert client.get(url, params={"offset": "-1"}).json() == [{"a": 1}, {"b": 2}, {"c": 3}]
+
+
+@pytest.mark.parametrize("space", ["\xa0", "\x85"])
+def test_content_type_other_whitespace_is_malformed(
+    client: httpx.Client, json_stream: str, stream_path: str, space: str
+) -> None:
+    """Only space and tab are whitespace in a Content-Type (RFC 9110 5.6.3): another blank
+    before the parameters is a malformed type, a 400 on create and on append, never a 500."""
+    raw = {"Content-Type": f"application/json{space};charset=utf-8".encode("latin-1")}
+    url = f"/v1/stream/{stream_path}-blank"
+    assert client.put(url, headers=raw, content="[1]").status_code == 400
+    assert client.head(url).status_code == 404
+    before = snapshot(client, json_stream)
+    assert client.post(json_stream, headers=raw, content="1").status_code == 400
+    assert snapshot(client, json_stream) == before

@@ -104,6 +104,14 @@ class TestHeaders:
         with pytest.raises(BadRequest):
             media_type("not a type")
 
+    def test_media_type_whitespace_is_ows(self) -> None:
+        """RFC 9110 5.6.3: space and tab around the type are optional whitespace, as the
+        store's ds_media_type trims them; no other blank is."""
+        assert media_type(" \tapplication/json\t ;charset=utf-8") == "application/json"
+        for blank in ("\xa0", "\x85", "\u2003", "\n"):
+            with pytest.raises(BadRequest):
+                media_type(f"application/json{blank};charset=utf-8")
+
     def test_sse_encoding_choice(self) -> None:
         """PROTOCOL.md 5.8: text/* and JSON are UTF-8, everything else base64."""
         assert is_text_for_sse("text/markdown")

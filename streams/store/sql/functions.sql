@@ -9,9 +9,10 @@
 -- store maps outcomes to protocol errors in one place.
 
 -- The media type of a Content-Type: "Application/JSON; charset=utf-8" -> "application/json".
+-- Trims HTTP OWS, space and tab, exactly like media_type in streams/protocol/headers.py.
 CREATE OR REPLACE FUNCTION ds_media_type(p_content_type text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT lower(btrim(split_part(p_content_type, ';', 1)))
+    SELECT lower(btrim(split_part(p_content_type, ';', 1), E' \t'))
 $$;
 
 -- Extension points. Other apps' SQL files, installed after this one in the same transaction,
@@ -512,6 +513,7 @@ DECLARE
     v_epoch bigint;
     v_last bigint;
     v_validation bigint;
+    v_stream_media text;
 BEGIN
     SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
     IF FOUND AND s.deleted_at IS NULL
@@ -538,6 +540,7 @@ BEGIN
     v_closed_seq := s.closed_by_seq;
     v_stream_seq := s.last_stream_seq;
     v_validation := ds_hook_validation_version(s.id);
+    v_stream_media := ds_media_type(s.content_type);
 
     FOR i IN 1..n LOOP
         r := p_requests -> (i - 1);
@@ -584,8 +587,7 @@ BEGIN
             END IF;
         END IF;
 
-        IF outcome IS NULL AND v_count > 0
-           AND v_media IS DISTINCT FROM ds_media_type(s.content_type) THEN
+        IF outcome IS NULL AND v_count > 0 AND v_media IS DISTINCT FROM v_stream_media THEN
             outcome := 'content_type_mismatch';
         END IF;
 
