@@ -40,6 +40,12 @@ LANGUAGE sql STABLE AS $$
             AND s.accessed_at + make_interval(secs => s.ttl_seconds) <= now())
 $$;
 
+-- Tell live readers a stream is gone: "<id>:-1:d" (streams/live.py).
+CREATE OR REPLACE FUNCTION ds_notify_deleted(p_stream_id bigint) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('ds_streams', p_stream_id || ':-1:d')
+$$;
+
 -- Remove a stream whose row is locked by the caller, with its data, and release its fork
 -- source; cascades up a chain of soft-deleted sources whose last fork is gone (PROTOCOL.md 4.2).
 CREATE OR REPLACE FUNCTION ds_remove(p_stream_id bigint) RETURNS void
@@ -53,7 +59,7 @@ BEGIN
         DELETE FROM ds_stream WHERE id = v_id RETURNING fork_source_id INTO v_source;
         DELETE FROM ds_message WHERE stream_id = v_id;
         DELETE FROM ds_producer WHERE stream_id = v_id;
-        PERFORM pg_notify('ds_streams', v_id || ':-1:d');
+        PERFORM ds_notify_deleted(v_id);
         EXIT WHEN v_source IS NULL;
         UPDATE ds_stream SET fork_refcount = fork_refcount - 1
          WHERE id = v_source RETURNING * INTO v_src;
@@ -63,46 +69,45 @@ BEGIN
 END;
 $$;
 
+-- A stream gone for clients (expired, or deleted by a client), row locked by the caller:
+-- removed, or soft-deleted while forks still read through it.
+CREATE OR REPLACE FUNCTION ds_expire(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.fork_refcount > 0 THEN
+        UPDATE ds_stream SET deleted_at = coalesce(deleted_at, now()) WHERE id = s.id;
+        PERFORM ds_notify_deleted(s.id);
+    ELSE
+        PERFORM ds_remove(s.id);
+    END IF;
+    PERFORM ds_hook_deleted(s);
+END;
+$$;
+
 -- Delete on behalf of a client. A stream with forks is soft-deleted: it answers 410 and keeps
--- its data for fork reads until its last fork is gone (PROTOCOL.md 5.4).
+-- its data for fork reads until its last fork is gone (PROTOCOL.md 5.4). An expired stream
+-- is expired on the spot, the same removal, and answers not_found (PROTOCOL.md 5.1).
 -- Outcomes: deleted | soft_deleted | not_found | gone.
 CREATE OR REPLACE FUNCTION ds_delete(p_path text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     s ds_stream;
+    v_expired boolean;
 BEGIN
     SELECT * INTO s FROM ds_stream WHERE path = p_path FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'not_found';
     ELSIF s.deleted_at IS NOT NULL THEN
         RETURN 'gone';
-    ELSIF ds_is_expired(s) THEN
-        PERFORM ds_expire(s);
+    END IF;
+    v_expired := ds_is_expired(s);
+    PERFORM ds_expire(s);
+    IF v_expired THEN
         RETURN 'not_found';
     ELSIF s.fork_refcount > 0 THEN
-        UPDATE ds_stream SET deleted_at = now() WHERE id = s.id;
-        PERFORM pg_notify('ds_streams', s.id || ':-1:d');
-        PERFORM ds_hook_deleted(s);
         RETURN 'soft_deleted';
     END IF;
-    PERFORM ds_remove(s.id);
-    PERFORM ds_hook_deleted(s);
     RETURN 'deleted';
-END;
-$$;
-
--- An expired stream, row locked by the caller, is gone: removed, or soft-deleted while forks
--- still read through it.
-CREATE OR REPLACE FUNCTION ds_expire(s ds_stream) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF s.fork_refcount > 0 THEN
-        UPDATE ds_stream SET deleted_at = coalesce(deleted_at, now()) WHERE id = s.id;
-        PERFORM pg_notify('ds_streams', s.id || ':-1:d');
-    ELSE
-        PERFORM ds_remove(s.id);
-    END IF;
-    PERFORM ds_hook_deleted(s);
 END;
 $$;
 
