@@ -119,11 +119,9 @@ DECLARE
     v_count int := 0;
 BEGIN
     FOR s IN
+        -- ds_is_expired is inlined: the plan still scans the partial expiry and TTL indexes.
         SELECT * FROM ds_stream
-         WHERE deleted_at IS NULL
-           AND ((expires_at IS NOT NULL AND expires_at <= now())
-             OR (ttl_seconds IS NOT NULL
-                 AND accessed_at + make_interval(secs => ttl_seconds) <= now()))
+         WHERE deleted_at IS NULL AND ds_is_expired(ds_stream.*)
          ORDER BY id
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
