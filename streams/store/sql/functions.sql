@@ -18,17 +18,15 @@ $$;
 -- Extension points. Other apps' SQL files, installed after this one in the same transaction,
 -- replace these no-ops (state/ records the __registry__ stream and materializes state).
 -- ds_hook_created / ds_hook_deleted: a stream appeared / disappeared for clients (created;
--- deleted, soft-deleted or expired). ds_hook_appended: messages [p_from_seq, p_to_seq) were
--- appended to s. ds_hook_validation_version: the version of the extra validation appends to
--- the stream must have passed (NULL: none); a request validated against another version is
--- refused as `validation_stale` and revalidated by the server.
+-- deleted, soft-deleted or expired). ds_hook_validation_version: the version of the extra
+-- validation appends to the stream must have passed (NULL: none); a request validated against
+-- another version is refused as `validation_stale` and revalidated by the server.
 CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
-CREATE OR REPLACE FUNCTION ds_hook_appended(s ds_stream, p_from_seq bigint, p_to_seq bigint)
-RETURNS void
-LANGUAGE plpgsql AS $$ BEGIN END; $$;
+-- Removed: a no-op that every append called inside the stream's row lock and no app replaced.
+DROP FUNCTION IF EXISTS ds_hook_appended(ds_stream, bigint, bigint);
 CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
 
@@ -672,9 +670,6 @@ BEGIN
                    ) AS u
              WHERE v_accept[u.owner]
             WINDOW w AS (ORDER BY u.ord);
-        END IF;
-        IF v_seq > s.next_seq THEN
-            PERFORM ds_hook_appended(s, s.next_seq, v_seq);
         END IF;
         UPDATE ds_stream AS t
            SET next_seq = v_seq, next_pos = v_pos, closed = v_closed,
