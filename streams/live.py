@@ -61,10 +61,9 @@ class LocalDelivery:
 class Subscription:
     """Interest in one stream's changes. ``arm()`` before each read, ``wait()`` after it."""
 
-    __slots__ = ("_event", "stream_id")
+    __slots__ = ("_event",)
 
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    def __init__(self) -> None:
         self._event = asyncio.Event()
 
     def arm(self) -> None:
@@ -99,7 +98,7 @@ class LiveHub:
     @contextlib.asynccontextmanager
     async def subscribe(self, stream_id: int) -> AsyncIterator[Subscription]:
         await self._ensure_listener()
-        subscription = Subscription(stream_id)
+        subscription = Subscription()
         self._subscriptions.setdefault(stream_id, set()).add(subscription)
         try:
             yield subscription
@@ -170,10 +169,6 @@ class LiveHub:
         seen = self._seen.get(stream_id)
         up_to_date = seen is not None and seen[0] <= position.seq
         return LocalDelivery(messages, position, closed, up_to_date)
-
-    def publish_deleted(self, stream_id: int) -> None:
-        self._recent.pop(stream_id, None)
-        self._changed(stream_id, -1, "d")
 
     def _changed(self, stream_id: int, next_seq: int, state: str) -> None:
         subscribers = self._subscriptions.get(stream_id)

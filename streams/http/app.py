@@ -54,7 +54,7 @@ async def serve(
     method = scope["method"].upper()
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")
-        answer = preflight(origin, requested.decode("latin-1") if requested else None)
+        answer = preflight(requested.decode("latin-1") if requested else None)
         await send_response(send, answer, origin)
         return
     maintenance.ensure_started()

@@ -16,7 +16,7 @@ from streams.http.request import Request
 from streams.http.responses import Response
 from streams.protocol import headers as h
 from streams.protocol import json_mode
-from streams.protocol.offsets import Offset, parse, parse_read_offset
+from streams.protocol.offsets import parse, parse_read_offset
 from streams.store import group_commit, reads, writes
 from streams.store.types import (
     AppendRequest,
@@ -289,6 +289,3 @@ def absolute_url(request: Request) -> str:
     host = request.header("host") or "localhost"
     scheme = request.scope.get("scheme", "http")
     return f"{scheme}://{host}{request.raw_path}"
-
-
-__all__ = ["Offset"]

@@ -80,7 +80,7 @@ def cors_headers(origin: str | None) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def preflight(origin: str | None, requested_headers: str | None) -> Response:
+def preflight(requested_headers: str | None) -> Response:
     """Answer to a CORS preflight (OPTIONS)."""
     headers = {
         "Access-Control-Allow-Methods": ALLOWED_METHODS,

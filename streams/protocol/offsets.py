@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from streams.errors import BadRequest
 
 WIDTH = 16
-MAX_COMPONENT = 10**WIDTH - 1
 _OFFSET_RE = re.compile(r"(\d{16})_(\d{16})")
 
 BEGINNING = "-1"

@@ -58,10 +58,3 @@ async def get_pool() -> AsyncConnectionPool:
             _pool = pool
             logger.info("database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE)
     return _pool
-
-
-async def close_pool() -> None:
-    global _pool
-    if _pool is not None:
-        pool, _pool = _pool, None
-        await pool.close()

@@ -17,7 +17,7 @@ from streams.store.types import ReadResult, Segment, StreamMeta
 
 _META_SQL = (
     "SELECT id, content_type, next_seq, next_pos, closed, ttl_seconds, expires_at, deleted,"
-    " created_at, chain_ids, chain_lo, chain_hi FROM ds_stream_meta(%s, %s)"
+    " chain_ids, chain_lo, chain_hi FROM ds_stream_meta(%s, %s)"
 )
 _ROWS_SQL = (
     "SELECT seq, pos, data FROM ds_message"
@@ -44,20 +44,10 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         row = await cur.fetchone()
     if row is None:
         raise NotFound("stream not found")
-    (
-        sid,
-        content_type,
-        next_seq,
-        next_pos,
-        closed,
-        ttl,
-        expires_at,
-        deleted,
-        created_at,
-    ) = row[:9]
+    sid, content_type, next_seq, next_pos, closed, ttl, expires_at, deleted = row[:8]
     if deleted:
         raise Gone("stream was deleted")
-    ids, los, his = row[9], row[10], row[11]
+    ids, los, his = row[8], row[9], row[10]
     return StreamMeta(
         id=sid,
         path=path,
@@ -66,7 +56,6 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         closed=closed,
         ttl_seconds=ttl,
         expires_at=expires_at,
-        created_at=created_at,
         segments=tuple(Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)),
     )
 

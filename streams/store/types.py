@@ -29,7 +29,6 @@ class StreamMeta:
     closed: bool
     ttl_seconds: int | None
     expires_at: datetime | None
-    created_at: datetime
     # Segments from the stream itself down its fork chain (one segment when not a fork).
     segments: tuple[Segment, ...]
 

@@ -14,7 +14,7 @@ from streams.protocol.offsets import Offset
 
 def _watched_hub(stream_id: int = 7) -> tuple[LiveHub, Subscription]:
     hub = LiveHub()
-    subscription = Subscription(stream_id)
+    subscription = Subscription()
     hub._subscriptions[stream_id] = {subscription}
     return hub, subscription
 
