@@ -27,7 +27,13 @@ from streams.http.request import (
     Send,
     build_request,
 )
-from streams.http.responses import Response, error_response, preflight, send_response
+from streams.http.responses import (
+    ALLOWED_METHODS,
+    Response,
+    error_response,
+    preflight,
+    send_response,
+)
 from streams.store import maintenance
 
 logger = logging.getLogger(__name__)
@@ -36,7 +42,8 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[Scope, Receive, Send, str | None], Awaitable[Response | None]]
 ErrorRenderer = Callable[[ProtocolError], Response]
 
-ALLOW = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
+# The Allow header of a 405, here and at the Yjs endpoint: what a preflight allows.
+ALLOW = ALLOWED_METHODS
 
 
 async def serve(

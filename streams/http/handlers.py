@@ -12,7 +12,7 @@ from django.conf import settings
 
 from streams.errors import BadRequest, Conflict, StreamClosed, ValidationStale
 from streams.extensions import validate_json_append
-from streams.http.request import Request
+from streams.http.request import Request, stream_path
 from streams.http.responses import Response
 from streams.protocol import headers as h
 from streams.protocol import json_mode
@@ -58,8 +58,6 @@ def _fork_spec(request: Request) -> ForkSpec | None:
         return None
     source = source.strip()
     source = source.removeprefix(STREAM_ROUTE)
-    from streams.http.request import stream_path
-
     sub = 0
     if sub_offset is not None:
         sub_text = sub_offset.strip()
@@ -82,13 +80,13 @@ async def create(request: Request) -> Response:
     ttl = h.parse_ttl(ttl_header) if ttl_header is not None else None
     expires_at = h.parse_expires_at(expires_header) if expires_header is not None else None
     content_type = request.header("content-type")
+    body_media: str | None = None
     if content_type is not None:
         content_type = content_type.strip()
-        h.media_type(content_type)  # validates
+        body_media = h.media_type(content_type)
     fork = _fork_spec(request)
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
 
-    body_media = h.media_type(content_type) if content_type else None
     if body_media is None and fork is not None and body:
         body_media = (await reads.stream_meta(fork.source_path, touch=False)).media_type
     if body_media is None:

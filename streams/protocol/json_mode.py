@@ -59,15 +59,19 @@ def _skip_whitespace(text: str, index: int) -> int:
     return index
 
 
+def _flatten(value: Any) -> tuple[list[Any], list[bytes]]:
+    """The messages of a decoded body and their compact encodings: an array is flattened one
+    level (PROTOCOL.md 9.1.2)."""
+    values = value if isinstance(value, list) else [value]
+    return values, [_encode(item) for item in values]
+
+
 def flatten_append(body: bytes) -> tuple[list[Any], list[bytes]]:
-    """The messages a POST stores, decoded and encoded: an array is flattened one level;
-    ``[]`` is a 400 (PROTOCOL.md 9.1.2, 9.1.3)."""
+    """The messages a POST stores, decoded and encoded; ``[]`` is a 400 (PROTOCOL.md 9.1.3)."""
     value = parse_body(body)
-    if isinstance(value, list):
-        if not value:
-            raise BadRequest("an append must not be an empty JSON array")
-        return value, [_encode(item) for item in value]
-    return [value], [_encode(value)]
+    if isinstance(value, list) and not value:
+        raise BadRequest("an append must not be an empty JSON array")
+    return _flatten(value)
 
 
 def messages_for_append(body: bytes) -> list[bytes]:
@@ -78,10 +82,7 @@ def messages_for_create(body: bytes) -> list[bytes]:
     """The initial messages of a PUT: like an append, but ``[]`` creates an empty stream."""
     if not body.strip():
         return []
-    value = parse_body(body)
-    if isinstance(value, list):
-        return [_encode(item) for item in value]
-    return [_encode(value)]
+    return _flatten(parse_body(body))[1]
 
 
 def render(messages: list[bytes]) -> bytes:
