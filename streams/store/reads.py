@@ -15,9 +15,11 @@ from streams.protocol.offsets import Offset
 from streams.store.pool import get_pool
 from streams.store.types import ReadResult, Segment, StreamMeta
 
+# The media type by the store's rule (ds_media_type), which judges appends: once per read.
 _META_SQL = (
-    "SELECT id, content_type, next_seq, next_pos, closed, ttl_seconds, expires_at, deleted,"
-    " chain_ids, chain_lo, chain_hi FROM ds_stream_meta(%s, %s)"
+    "SELECT id, content_type, ds_media_type(content_type), next_seq, next_pos, closed,"
+    " ttl_seconds, expires_at, deleted, chain_ids, chain_lo, chain_hi"
+    " FROM ds_stream_meta(%s, %s)"
 )
 _ROWS_SQL = (
     "SELECT seq, pos, data FROM ds_message"
@@ -44,14 +46,15 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
         row = await cur.fetchone()
     if row is None:
         raise NotFound("stream not found")
-    sid, content_type, next_seq, next_pos, closed, ttl, expires_at, deleted = row[:8]
+    sid, content_type, media_type, next_seq, next_pos, closed, ttl, expires_at, deleted = row[:9]
     if deleted:
         raise Gone("stream was deleted")
-    ids, los, his = row[8], row[9], row[10]
+    ids, los, his = row[9], row[10], row[11]
     return StreamMeta(
         id=sid,
         path=path,
         content_type=content_type,
+        media_type=media_type,
         tail=Offset(next_seq, next_pos),
         closed=closed,
         ttl_seconds=ttl,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from streams.protocol.headers import ProducerTuple, is_json, media_type
+from streams.protocol.headers import ProducerTuple, is_json
 from streams.protocol.offsets import Offset
 
 
@@ -25,16 +25,14 @@ class StreamMeta:
     id: int
     path: str
     content_type: str
+    # content_type's media type by the store's rule (ds_media_type), which judges appends.
+    media_type: str
     tail: Offset
     closed: bool
     ttl_seconds: int | None
     expires_at: datetime | None
     # Segments from the stream itself down its fork chain (one segment when not a fork).
     segments: tuple[Segment, ...]
-
-    @property
-    def media_type(self) -> str:
-        return media_type(self.content_type)
 
     @property
     def is_json(self) -> bool:
