@@ -234,11 +234,13 @@ async def read(request: Request) -> Response:
         return tail_response(meta, 200)
     assert start.offset is not None
     result = await reads.read_range(meta, start.offset, settings.DS_MAX_READ_BYTES)
-    response = data_response(meta, result)
+    headers = _data_headers(meta, result)
     if_none_match = request.header("if-none-match")
-    if if_none_match is not None and response.headers["ETag"] in _etags(if_none_match):
-        return Response(304, {k: v for k, v in response.headers.items() if k != "Content-Type"})
-    return response
+    if if_none_match is not None and headers["ETag"] in _etags(if_none_match):
+        # Not modified: the body is never built.
+        del headers["Content-Type"]
+        return Response(304, headers)
+    return Response(200, headers, body_of(meta, result.messages))
 
 
 def _etags(header: str) -> set[str]:
@@ -250,6 +252,12 @@ def body_of(meta: StreamMeta, messages: list[bytes]) -> bytes:
 
 
 def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = None) -> Response:
+    return Response(200, _data_headers(meta, result, cursor), body_of(meta, result.messages))
+
+
+def _data_headers(
+    meta: StreamMeta, result: ReadResult, cursor: str | None = None
+) -> dict[str, str]:
     etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
     headers = {
         "Content-Type": meta.content_type,
@@ -264,7 +272,7 @@ def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = 
         headers["Stream-Closed"] = "true"
     elif cursor is not None:
         headers["Stream-Cursor"] = cursor
-    return Response(200, headers, body_of(meta, result.messages))
+    return headers
 
 
 def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
