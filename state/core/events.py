@@ -19,8 +19,10 @@ Operation = Literal["insert", "update", "delete"]
 Control = Literal["snapshot-start", "snapshot-end", "up-to-date", "reset"]
 
 # RFC 3339 date-time (STATE-PROTOCOL.md 5.1: headers.timestamp).
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
-_LEAP_SECOND = re.compile(r"(T\d{2}:\d{2}):60")
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+_LEAP_SECOND = re.compile(r"(T\d{2}:\d{2}):60", re.ASCII)
 # Offsets never contain these (PROTOCOL.md 8).
 _OFFSET_FORBIDDEN = re.compile(r"[,&=?/]")
 

@@ -21,7 +21,12 @@ def current_interval(now: float | None = None) -> int:
 
 def next_cursor(client_cursor: str | None, now: float | None = None) -> str:
     interval = current_interval(now)
-    if client_cursor is not None and client_cursor.isdigit() and len(client_cursor) <= 18:
+    if (
+        client_cursor is not None
+        and client_cursor.isascii()
+        and client_cursor.isdigit()
+        and len(client_cursor) <= 18
+    ):
         echoed = int(client_cursor)
         if echoed >= interval:
             jitter = math.ceil(random.randint(1, 3600) / INTERVAL_SECONDS)

@@ -14,7 +14,8 @@ _TTL_RE = re.compile(r"0|[1-9][0-9]*")
 MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
 # RFC 3339 date-time: full date, "T" (or space is not allowed here), time, zone.
 _RFC3339_RE = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 # PROTOCOL.md 5.2.1: epochs and sequence numbers are integers in [0, 2^53 - 1].
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -24,6 +25,13 @@ _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 # Whitespace around the type is HTTP OWS, space and tab only (RFC 9110 5.6.3): the store's
 # ds_media_type (streams/store/sql/functions.sql) trims exactly these, and the two must agree.
 _MEDIA_TYPE_RE = re.compile(rf"[ \t]*({_TOKEN})/({_TOKEN})[ \t]*(;.*)?", re.DOTALL)
+
+# Bounds on header values the store keeps: a producer id is a key of the producer ledger's
+# index (PostgreSQL refuses index rows over ~2.7 kB), a Stream-Seq and a Content-Type are
+# stored with the stream. Longer values are refused with 400 before anything is written.
+MAX_PRODUCER_ID_BYTES = 512
+MAX_STREAM_SEQ_BYTES = 512
+MAX_CONTENT_TYPE_BYTES = 256
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 JSON = "application/json"
@@ -57,9 +65,22 @@ def is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "true"
 
 
+def ascii_digits(text: str) -> bool:
+    """Only ``0``-``9``: ``str.isdigit`` (and ``int``) also take other scripts' digits."""
+    return text.isascii() and text.isdigit()
+
+
+def bounded(name: str, value: str, limit: int) -> str:
+    """``value`` unless it is longer than ``limit`` bytes (400)."""
+    if len(value) > limit:
+        raise BadRequest(f"{name} is longer than {limit} bytes")
+    return value
+
+
 def media_type(content_type: str) -> str:
     """The ``type/subtype`` of a Content-Type, lower-cased, parameters dropped; used to compare
     a request's type with a stream's (``application/json; charset=utf-8`` is JSON)."""
+    bounded("Content-Type", content_type, MAX_CONTENT_TYPE_BYTES)
     match = _MEDIA_TYPE_RE.fullmatch(content_type)
     if match is None:
         raise BadRequest(f"malformed Content-Type {content_type[:100]!r}")
@@ -100,6 +121,7 @@ def parse_producer(
     assert producer_id is not None and epoch is not None and seq is not None
     if producer_id.strip() == "":
         raise BadRequest("Producer-Id must not be empty")
+    bounded("Producer-Id", producer_id, MAX_PRODUCER_ID_BYTES)
     return ProducerTuple(
         producer_id=producer_id,
         epoch=_producer_integer("Producer-Epoch", epoch.strip()),

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from streams.errors import BadRequest
+from streams.errors import BadRequest, PayloadTooLarge
 
 
 def _reject_constant(name: str) -> Any:
@@ -59,32 +59,35 @@ def _skip_whitespace(text: str, index: int) -> int:
     return index
 
 
-def _flatten(value: Any) -> tuple[list[Any], list[bytes]]:
+def _flatten(value: Any, max_messages: int) -> tuple[list[Any], list[bytes]]:
     """The messages of a decoded body and their compact encodings: an array is flattened one
-    level (PROTOCOL.md 9.1.2)."""
+    level (PROTOCOL.md 9.1.2). More than ``max_messages`` is a 413, judged before the costly
+    part (encoding each message)."""
     values = value if isinstance(value, list) else [value]
+    if len(values) > max_messages:
+        raise PayloadTooLarge(f"an append may hold at most {max_messages} JSON messages")
     return values, [_encode(item) for item in values]
 
 
-def flatten_append(body: bytes) -> tuple[list[Any], list[bytes]]:
+def flatten_append(body: bytes, max_messages: int) -> tuple[list[Any], list[bytes]]:
     """The messages a POST stores, decoded and encoded; ``[]`` is a 400 (PROTOCOL.md 9.1.3)."""
     value = parse_body(body)
     if isinstance(value, list) and not value:
         raise BadRequest("an append must not be an empty JSON array")
-    return _flatten(value)
+    return _flatten(value, max_messages)
 
 
-def messages_for_append(body: bytes) -> list[bytes]:
-    return flatten_append(body)[1]
+def messages_for_append(body: bytes, max_messages: int = 1 << 62) -> list[bytes]:
+    return flatten_append(body, max_messages)[1]
 
 
-def messages_for_create(body: bytes) -> list[bytes]:
+def messages_for_create(body: bytes, max_messages: int = 1 << 62) -> list[bytes]:
     """The initial messages of a PUT: like an append, but ``[]`` creates an empty stream."""
     if not body.strip():
         return []
-    return _flatten(parse_body(body))[1]
+    return _flatten(parse_body(body), max_messages)[1]
 
 
-def render(messages: list[bytes]) -> bytes:
-    """A JSON read: the stored messages as one array."""
-    return b"[" + b",".join(messages) + b"]"
+def render(payload: bytes) -> bytes:
+    """A JSON read: the stored messages, already joined with commas, as one array."""
+    return b"[" + payload + b"]"

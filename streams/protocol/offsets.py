@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from streams.errors import BadRequest
 
 WIDTH = 16
-_OFFSET_RE = re.compile(r"(\d{16})_(\d{16})")
+# ASCII digits only: `\d` (and int()) would also take other scripts' digits.
+_OFFSET_RE = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 BEGINNING = "-1"
 NOW = "now"
