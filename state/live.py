@@ -14,7 +14,7 @@ import logging
 
 from django.conf import settings
 
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _sweeper: asyncio.Task[None] | None = None
 
 def schedule(stream_id: int) -> None:
     """Materialize ``stream_id`` soon (an append listener; runs in the event loop)."""
-    _ensure_sweeper()
+    ensure_sweeper()
     if stream_id in _running:
         _again.add(stream_id)
         return
@@ -38,10 +38,9 @@ def schedule(stream_id: int) -> None:
 
 async def catch_up(stream_id: int) -> int:
     """Apply everything up to the stream's tail now; returns the messages applied."""
-    pool = await get_pool()
     total = 0
     while True:
-        async with pool.connection() as conn:
+        async with connection() as conn:
             cur = await conn.execute("SELECT ds_state_catch_up(%s, %s, false)", (stream_id, CHUNK))
             row = await cur.fetchone()
         applied = row[0] if row else 0
@@ -63,7 +62,12 @@ async def _run(stream_id: int) -> None:
         _running.pop(stream_id, None)
 
 
-def _ensure_sweeper() -> None:
+def stop() -> None:
+    if _sweeper is not None:
+        _sweeper.cancel()
+
+
+def ensure_sweeper() -> None:
     global _sweeper
     if (_sweeper is None or _sweeper.done()) and settings.DS_STATE_SWEEP_INTERVAL_SECS > 0:
         _sweeper = asyncio.get_running_loop().create_task(_sweep(), name="ds-state-sweep")
@@ -73,8 +77,7 @@ async def _sweep() -> None:
     while True:
         await asyncio.sleep(settings.DS_STATE_SWEEP_INTERVAL_SECS)
         try:
-            pool = await get_pool()
-            async with pool.connection() as conn:
+            async with connection() as conn:
                 cur = await conn.execute("SELECT ds_state_lagging(100)")
                 lagging = [row[0] for row in await cur.fetchall()]
             for stream_id in lagging:

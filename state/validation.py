@@ -11,13 +11,14 @@ the caller asks again with ``refresh=True``, which reloads the registration from
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from state.core import InvalidEvent, parse_event
 from state.core.schemas import SchemaError, SchemaValidator, compile_schemas, rejection
 from streams.errors import BadRequest
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,8 @@ class Registration:
 
 
 _registrations: dict[str, Registration] = {}
+# Appends of more events than this are validated off the event loop.
+INLINE_EVENTS = 500
 
 _LOAD_SQL = (
     "SELECT r.version, r.schemas FROM ds_state_stream AS r"
@@ -35,8 +38,7 @@ _LOAD_SQL = (
 
 
 async def _load(path: str) -> Registration | None:
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with connection() as conn:
         cur = await conn.execute(_LOAD_SQL, (path,))
         row = await cur.fetchone()
     if row is None:
@@ -61,7 +63,7 @@ async def validate_state_append(
     if registration is None:
         return None
     try:
-        _validate_append(values, messages, registration.validators)
+        await _judge(values, messages, registration.validators)
     except BadRequest:
         if refresh:
             raise
@@ -71,9 +73,20 @@ async def validate_state_append(
             raise
         if current is None:
             return None
-        _validate_append(values, messages, current.validators)
+        await _judge(values, messages, current.validators)
         return current.version
     return registration.version
+
+
+async def _judge(
+    values: list[Any], messages: list[bytes], validators: dict[str, SchemaValidator]
+) -> None:
+    """``_validate_append``, in a worker thread for large appends: checking thousands of
+    events against their schemas would stall every other request of the process."""
+    if len(messages) <= INLINE_EVENTS:
+        _validate_append(values, messages, validators)
+    else:
+        await asyncio.to_thread(_validate_append, values, messages, validators)
 
 
 def _validate_append(

@@ -53,9 +53,44 @@ class PayloadTooLarge(ProtocolError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class Unauthorized(ProtocolError):
+    """No credentials, or credentials that are unknown, expired or revoked (401)."""
+
+    status = 401
+    code = "UNAUTHORIZED"
+
+
+class RequestTimeout(ProtocolError):
+    """The client did not send its request body in time (408)."""
+
+    status = 408
+    code = "REQUEST_TIMEOUT"
+
+
+class HeadersTooLarge(ProtocolError):
+    status = 431
+    code = "HEADERS_TOO_LARGE"
+
+
+class TooManyRequests(ProtocolError):
+    """A rate limit was reached (PROTOCOL.md 12.5): nothing was done; retry after a while."""
+
+    status = 429
+    code = "RATE_LIMITED"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
 class ServiceUnavailable(ProtocolError):
+    """The server cannot do the work right now (the database is unreachable, shutting down);
+    nothing was done, and the client may retry after ``Retry-After`` seconds."""
+
     status = 503
     code = "UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 class StreamClosed(Conflict):

@@ -20,6 +20,7 @@ from django.conf import settings
 from streams import extensions, live
 from streams.errors import ProtocolError
 from streams.protocol.offsets import Offset
+from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
 from streams.store.writes import append_batch
 
@@ -84,12 +85,8 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                 results = await append_batch(
                     path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES
                 )
-            except Exception as exc:
-                logger.exception("append batch to %r failed", path)
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
+            except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
+                results = await _after_failure(path, requests, exc)
             _publish(requests, results)
             for (_, future), result in zip(batch, results, strict=True):
                 if future.done():
@@ -102,6 +99,35 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
         queue.running = False
         if _queues.get(path) is queue and not queue.pending:
             del _queues[path]
+
+
+async def _after_failure(
+    path: str, requests: list[AppendRequest], exc: Exception
+) -> list[AppendResult | ProtocolError]:
+    """The verdicts of a batch whose statement failed. A batch is one transaction, so nothing
+    of it was stored. When the database was unreachable, every request answers that (503).
+    Otherwise some request's input made the statement fail, an error nobody anticipated: each
+    request is written again alone, so that only the request at fault fails and one bad
+    request never takes the others down with it."""
+    if isinstance(exc, ProtocolError):
+        return [exc] * len(requests)
+    if len(requests) == 1:
+        refusal = refusal_for(exc)
+        if refusal is None:
+            logger.error("append to %r failed", path, exc_info=exc)
+            refusal = ProtocolError("internal server error")
+        else:
+            logger.warning("append to %r refused by the store: %s", path, str(exc).strip()[:200])
+        return [refusal]
+    results: list[AppendResult | ProtocolError] = []
+    for request in requests:
+        try:
+            results.extend(
+                await append_batch(path, [request], max_stream_bytes=settings.DS_MAX_STREAM_BYTES)
+            )
+        except Exception as alone:  # noqa: BLE001 - judged alone, failing alone
+            results.extend(await _after_failure(path, [request], alone))
+    return results
 
 
 def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:

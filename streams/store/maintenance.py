@@ -12,7 +12,7 @@ import logging
 
 from django.conf import settings
 
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +27,15 @@ def ensure_started() -> None:
         _task = asyncio.get_running_loop().create_task(_sweep_forever(), name="ds-expiry-sweep")
 
 
+def stop() -> None:
+    if _task is not None:
+        _task.cancel()
+
+
 async def sweep_once() -> int:
-    pool = await get_pool()
     total = 0
     while True:
-        async with pool.connection() as conn:
+        async with connection() as conn:
             cur = await conn.execute("SELECT ds_sweep_expired(%s)", (SWEEP_BATCH,))
             row = await cur.fetchone()
         swept = row[0] if row else 0

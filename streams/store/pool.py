@@ -1,26 +1,52 @@
-"""The async PostgreSQL connection pool of this server process (DESIGN.md, Request path).
+"""The async PostgreSQL connection pool of this server process (DESIGN.md, Request path), and
+``connection()``, the one way the hot path borrows a connection.
 
-One pool per process, opened on first use inside the running event loop. Connections are taken
-only for the duration of a statement or transaction: an idle live reader holds none.
+One pool per process, opened at start-up (``streams.lifecycle``) or on first use. Connections
+are taken only for the duration of a statement or transaction: an idle live reader holds none.
+
+The database may be unreachable, or may have restarted under idle connections:
+* borrowing waits at most ``DS_DB_ACQUIRE_TIMEOUT_SECS``, then answers 503 with Retry-After,
+  so clients hear within seconds instead of hanging;
+* a connection that sat idle longer than ``IDLE_CHECK_SECS`` is checked (an empty query)
+  before it is lent, so the connections a restart killed are replaced instead of failing the
+  next requests; a busy connection is never checked, so the hot path pays nothing;
+* a connection that fails while lent is discarded by the pool, and the failure answers 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import psycopg
 from django.conf import settings
+from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from streams.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
+# A connection idle longer than this is checked before it is lent (one empty query).
+IDLE_CHECK_SECS = 1.0
+# What a 503 caused by the database asks clients to wait.
+RETRY_AFTER_SECS = 2
+
 _pool: AsyncConnectionPool | None = None
 _pool_lock: asyncio.Lock | None = None
+# When each idle connection was given back (weak: the pool may close it meanwhile).
+_returned_at: weakref.WeakKeyDictionary[AsyncConnection, float] = weakref.WeakKeyDictionary()
 
 
-def conninfo(alias: str = "default") -> str:
-    """libpq connection string for a Django database alias."""
+def conninfo(alias: str = "default", *, url: str | None = None) -> str:
+    """libpq connection string for a Django database alias (or for ``url`` when given)."""
+    if url:
+        return make_conninfo(url, application_name="durable-streams")
     db = settings.DATABASES[alias]
     params: dict[str, str | int] = {"dbname": db["NAME"]}
     for key, name in (
@@ -38,6 +64,16 @@ def conninfo(alias: str = "default") -> str:
     return make_conninfo(**params)
 
 
+async def _returned(conn: AsyncConnection) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+async def _check_if_idle(conn: AsyncConnection) -> None:
+    returned = _returned_at.get(conn)
+    if returned is None or time.monotonic() - returned > IDLE_CHECK_SECS:
+        await AsyncConnectionPool.check_connection(conn)
+
+
 async def get_pool() -> AsyncConnectionPool:
     global _pool, _pool_lock
     if _pool is not None:
@@ -53,8 +89,53 @@ async def get_pool() -> AsyncConnectionPool:
                 kwargs={"autocommit": True},
                 open=False,
                 name="durable-streams",
+                timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
+                check=_check_if_idle,
+                reset=_returned,
             )
-            await pool.open(wait=True, timeout=30)
+            # Not waiting for the first connections: with the database down the process still
+            # starts, and requests answer 503 until it is back.
+            await pool.open(wait=False)
             _pool = pool
             logger.info("database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE)
     return _pool
+
+
+async def close_pool() -> None:
+    global _pool
+    if _pool is not None:
+        pool, _pool = _pool, None
+        await pool.close(timeout=5)
+
+
+@asynccontextmanager
+async def connection() -> AsyncIterator[AsyncConnection]:
+    """A pooled connection for one statement or transaction. The database being unreachable
+    (no connection within the acquisition timeout, or the connection failing) is a 503 with
+    Retry-After; errors the database reports about a statement pass through unchanged."""
+    pool = await get_pool()
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except PoolTimeout:
+        raise ServiceUnavailable(
+            "the database is unavailable; retry later", retry_after=RETRY_AFTER_SECS
+        ) from None
+    except psycopg.OperationalError as exc:
+        if not is_connection_failure(exc):
+            raise
+        logger.warning("database connection failed: %s", str(exc).strip()[:200])
+        raise ServiceUnavailable(
+            "the database connection failed; retry later", retry_after=RETRY_AFTER_SECS
+        ) from None
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Did the connection (not the statement) fail? Then the database is unreachable or went
+    away, and whatever was sent may or may not have run."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    # No SQLSTATE: the client library lost the connection. Class 08: connection exceptions.
+    # 57P01-57P03: the server is shutting down, crashed or is not accepting connections yet.
+    return sqlstate is None or sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")

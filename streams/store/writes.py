@@ -27,7 +27,7 @@ from streams.errors import (
     ValidationStale,
 )
 from streams.protocol.offsets import Offset
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
 
 logger = logging.getLogger(__name__)
@@ -50,10 +50,9 @@ RETRIES = 5
 
 
 async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
-    pool = await get_pool()
     for attempt in range(RETRIES):
         try:
-            async with pool.connection() as conn:
+            async with connection() as conn:
                 cur = await conn.execute(sql, params)
                 return await cur.fetchall()
         except (errors.DeadlockDetected, errors.SerializationFailure):

@@ -1,0 +1,28 @@
+"""Database errors a request's own input caused, as the answers they deserve.
+
+Every input the server knows to be bad is refused before it reaches the database. What slips
+through anyway (a value PostgreSQL cannot store, an index row too large) surfaces as an error
+of the statement; it is the request's fault, so it is a 4xx, never a 500, and it must not be
+confused with the database being unreachable (``pool.is_connection_failure``: 503).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from streams.errors import BadRequest, PayloadTooLarge, ProtocolError, ServiceUnavailable
+
+
+def refusal_for(exc: BaseException) -> ProtocolError | None:
+    """The answer to a statement that failed on the request's data; None for anything else
+    (a bug or an outage, which the caller handles)."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    sqlstate = exc.sqlstate or ""
+    if sqlstate.startswith("22"):  # data exception: a value out of range, a NUL in text...
+        return BadRequest(f"the request holds a value the store cannot keep (SQLSTATE {sqlstate})")
+    if sqlstate.startswith("54"):  # program limit exceeded: an index row or array too large
+        return PayloadTooLarge(f"the request exceeds a limit of the store (SQLSTATE {sqlstate})")
+    if sqlstate in ("57014", "55P03"):  # statement or lock timeout
+        return ServiceUnavailable("the store is busy; retry later")
+    return None
