@@ -21,11 +21,14 @@ import base64
 import binascii
 import contextlib
 import logging
+import os
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import psycopg
+from django.conf import settings
 
 from streams.protocol.offsets import Offset
 
@@ -61,10 +64,12 @@ class LocalDelivery:
 class Subscription:
     """Interest in one stream's changes. ``arm()`` before each read, ``wait()`` after it."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "ended")
 
-    def __init__(self) -> None:
+    def __init__(self, *, ended: bool = False) -> None:
         self._event = asyncio.Event()
+        # The process is shutting down: the reader should answer now and end.
+        self.ended = ended
 
     def arm(self) -> None:
         self._event.clear()
@@ -72,16 +77,20 @@ class Subscription:
     def wake(self) -> None:
         self._event.set()
 
+    def end(self) -> None:
+        self.ended = True
+        self._event.set()
+
     async def wait(self, timeout: float | None) -> bool:
-        """True when the stream changed since ``arm()``, False on timeout."""
-        if self._event.is_set():
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        return True
+        """True when the stream changed since ``arm()``; False on timeout, or when the
+        reader must end (``ended``)."""
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
+            except TimeoutError:
+                return False
+        return not self.ended
 
 
 class LiveHub:
@@ -94,11 +103,17 @@ class LiveHub:
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Set at shutdown: every reader ends, and readers arriving later end at once.
+        self._closing = False
+        # Callbacks for notifications of other kinds ("<kind>:<payload>", kind not a number).
+        self._handlers: dict[str, Callable[[str], None]] = {}
+        # When this process last heard from its LISTEN connection (monotonic seconds).
+        self.last_heard = 0.0
 
     @contextlib.asynccontextmanager
     async def subscribe(self, stream_id: int) -> AsyncIterator[Subscription]:
         await self._ensure_listener()
-        subscription = Subscription()
+        subscription = Subscription(ended=self._closing)
         self._subscriptions.setdefault(stream_id, set()).add(subscription)
         try:
             yield subscription
@@ -118,6 +133,23 @@ class LiveHub:
         for entry in appended:
             self._remember(stream_id, entry)
         self._changed(stream_id, next_seq, "c" if closed else "o")
+
+    def close_readers(self) -> None:
+        """Shutdown: end every live reader now (long-polls answer 204, SSE streams end), and
+        every reader that arrives from now on after its first read."""
+        self._closing = True
+        for subscribers in self._subscriptions.values():
+            for subscription in subscribers:
+                subscription.end()
+
+    def add_handler(self, kind: str, handler: Callable[[str], None]) -> None:
+        """Call ``handler(payload)`` for notifications ``"<kind>:<payload>"`` on the channel
+        (other apps share this process's LISTEN connection: access control's key changes)."""
+        self._handlers[kind] = handler
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
 
     def watches(self, stream_id: int) -> bool:
         """Does a reader in this process wait on the stream?"""
@@ -142,11 +174,11 @@ class LiveHub:
             recent.append(entry)
 
     def local_delivery(
-        self, stream_id: int, offset: Offset, max_bytes: int
+        self, stream_id: int, offset: Offset, max_bytes: int, max_messages: int
     ) -> LocalDelivery | None:
         """The kept messages from exactly ``offset`` on, as far as they are contiguous and
-        (after the first append) within ``max_bytes``; None when this process does not have
-        the data at ``offset``."""
+        (after the first append) within ``max_bytes`` and ``max_messages``; None when this
+        process does not have the data at ``offset``."""
         recent = self._recent.get(stream_id)
         if not recent:
             return None
@@ -155,7 +187,10 @@ class LiveHub:
         closed = False
         matched = False
         for entry in recent:
-            if matched and entry.end.pos - offset.pos > max_bytes:
+            if matched and (
+                entry.end.pos - offset.pos > max_bytes
+                or len(messages) + len(entry.messages) > max_messages
+            ):
                 break
             if entry.start == position:
                 messages.extend(entry.messages)
@@ -193,6 +228,14 @@ class LiveHub:
         """``"<id>:<next seq>:<o|c|d>"``, and for small appends that stored every request
         ``":<first seq>:<first pos>:<lengths, comma-separated>:<base64 data>"``
         (``ds_notify_payload`` in streams/store/sql/functions.sql)."""
+        kind = payload.split(":", 1)[0]
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            try:
+                handler(payload[len(kind) + 1 :])
+            except Exception:
+                logger.exception("notification handler %r failed", kind)
+            return
         try:
             parts = payload.split(":", 6)
             stream_id, next_seq, state = int(parts[0]), int(parts[1]), parts[2]
@@ -219,21 +262,38 @@ class LiveHub:
                 async with asyncio.timeout(5):
                     await self._listening.wait()
 
+    async def start(self) -> None:
+        """Start listening now (at process start-up) rather than at the first reader."""
+        await self._ensure_listener()
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+
     async def _listen(self) -> None:
         from streams.store.pool import conninfo
 
         backoff = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo(url=settings.DS_LISTEN_DATABASE_URL),
+                    autocommit=True,
+                    **LISTEN_KEEPALIVES,
+                )
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    heartbeat = f"ds_heartbeat_{os.getpid()}_{id(self)}"
+                    await conn.execute(f"LISTEN {heartbeat}")
+                    self.last_heard = time.monotonic()
                     self._listening.set()
                     self._wake_all()
                     backoff = 0.1
                     logger.info("listening for stream changes")
-                    async for notify in conn.notifies():
-                        self._on_notify(notify.payload)
+                    await self._receive(conn, heartbeat)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
@@ -241,6 +301,39 @@ class LiveHub:
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _receive(self, conn: psycopg.AsyncConnection, heartbeat: str) -> None:
+        """Deliver notifications, and every ``DS_LISTEN_HEARTBEAT_SECS`` send one to this
+        very connection: it travels to the server and back on the same socket, so a
+        connection that stalled without an error (a half-open TCP connection, a frozen
+        proxy) is noticed when nothing comes back, and replaced (raises ListenStalled)."""
+        interval = settings.DS_LISTEN_HEARTBEAT_SECS
+        while True:
+            async for notify in conn.notifies(timeout=interval):
+                self.last_heard = time.monotonic()
+                if notify.channel == CHANNEL:
+                    self._on_notify(notify.payload)
+            silent = time.monotonic() - self.last_heard
+            if silent > 2 * interval:
+                raise ListenStalled(f"nothing heard for {silent:.1f}s")
+            try:
+                async with asyncio.timeout(interval):
+                    await conn.execute(f"NOTIFY {heartbeat}")
+            except TimeoutError:
+                raise ListenStalled("the heartbeat got no answer") from None
+
+
+class ListenStalled(Exception):
+    """The LISTEN connection stopped answering without failing."""
+
+
+# TCP keepalives on the LISTEN connection, so the kernel too notices a peer that vanished.
+LISTEN_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 
 
 def _notified(fields: list[str], *, closed: bool) -> Appended:

@@ -6,7 +6,9 @@ answer. Business rules live in the store's SQL functions; wire rules in ``stream
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -28,13 +30,26 @@ from streams.store.types import (
     StreamMeta,
 )
 
+T = TypeVar("T")
+
 STREAM_ROUTE = "/v1/stream/"
 # Appends revalidated this many times at most when a stream's validation rules change under
 # them (streams.extensions).
 VALIDATION_ATTEMPTS = 3
 NO_STORE = "no-store"
+# Request bodies larger than this are decoded off the event loop (off_loop).
+INLINE_WORK_BYTES = 64 * 1024
 # PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+
+
+async def off_loop(size: int, work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)``, in a worker thread when it handles more than ``INLINE_WORK_BYTES``:
+    decoding a large JSON body takes long enough to stall every other request of this
+    process if it ran on the event loop."""
+    if size <= INLINE_WORK_BYTES:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
 
 
 def _expiry_headers(ttl_seconds: int | None, expires_at: object) -> dict[str, str]:
@@ -61,7 +76,7 @@ def _fork_spec(request: Request) -> ForkSpec | None:
     sub = 0
     if sub_offset is not None:
         sub_text = sub_offset.strip()
-        if not sub_text.isdigit() or len(sub_text) > 15:
+        if not h.ascii_digits(sub_text) or len(sub_text) > 15:
             raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
         sub = int(sub_text)
     return ForkSpec(
@@ -92,7 +107,9 @@ async def create(request: Request) -> Response:
     if body_media is None:
         body_media = h.DEFAULT_CONTENT_TYPE
     if h.is_json(body_media):
-        messages = json_mode.messages_for_create(body)
+        messages = await off_loop(
+            len(body), json_mode.messages_for_create, body, settings.DS_MAX_APPEND_MESSAGES
+        )
     else:
         messages = [body] if body else []
 
@@ -160,7 +177,7 @@ async def append_body(request: Request, body: bytes) -> tuple[Response, AppendRe
         messages=messages,
         close=close,
         producer=producer,
-        stream_seq=request.header("stream-seq"),
+        stream_seq=_stream_seq(request.header("stream-seq")),
     )
     result = await _append_validated(append_request, values)
     headers = {"Stream-Next-Offset": str(result.next_offset), "Cache-Control": NO_STORE}
@@ -173,6 +190,10 @@ async def append_body(request: Request, body: bytes) -> tuple[Response, AppendRe
         status = 204 if result.duplicate or not messages else 200
         return Response(status, headers), result
     return Response(204, headers), result
+
+
+def _stream_seq(value: str | None) -> str | None:
+    return None if value is None else h.bounded("Stream-Seq", value, h.MAX_STREAM_SEQ_BYTES)
 
 
 async def _append_validated(request: AppendRequest, values: list[Any] | None) -> AppendResult:
@@ -196,7 +217,9 @@ async def _json_messages(path: str, body_media: str, body: bytes) -> tuple[list[
     stream would refuse the append anyway: missing (404), closed or of another type (409)
     answer first (PROTOCOL.md 5.2, error precedence)."""
     try:
-        return json_mode.flatten_append(body)
+        return await off_loop(
+            len(body), json_mode.flatten_append, body, settings.DS_MAX_APPEND_MESSAGES
+        )
     except BadRequest:
         meta = await reads.stream_meta(path, touch=False)
         if meta.closed:
@@ -233,26 +256,29 @@ async def read(request: Request) -> Response:
     if start.at_tail:
         return tail_response(meta, 200)
     assert start.offset is not None
-    result = await reads.read_range(meta, start.offset, settings.DS_MAX_READ_BYTES)
+    result = await reads.read_range(
+        meta, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
     headers = _data_headers(meta, result)
     if_none_match = request.header("if-none-match")
     if if_none_match is not None and headers["ETag"] in _etags(if_none_match):
         # Not modified: the body is never built.
         del headers["Content-Type"]
         return Response(304, headers)
-    return Response(200, headers, body_of(meta, result.messages))
+    return Response(200, headers, body_of(meta, result.payload))
 
 
 def _etags(header: str) -> set[str]:
     return {tag.strip() for tag in header.split(",")}
 
 
-def body_of(meta: StreamMeta, messages: list[bytes]) -> bytes:
-    return json_mode.render(messages) if meta.is_json else b"".join(messages)
+def body_of(meta: StreamMeta, payload: bytes) -> bytes:
+    """The body of a read whose messages are ``payload`` (ReadResult.payload)."""
+    return json_mode.render(payload) if meta.is_json else payload
 
 
 def data_response(meta: StreamMeta, result: ReadResult, *, cursor: str | None = None) -> Response:
-    return Response(200, _data_headers(meta, result, cursor), body_of(meta, result.messages))
+    return Response(200, _data_headers(meta, result, cursor), body_of(meta, result.payload))
 
 
 def _data_headers(
@@ -287,7 +313,7 @@ def tail_response(meta: StreamMeta, status: int, *, cursor: str | None = None) -
         headers["Stream-Closed"] = "true"
     elif cursor is not None:
         headers["Stream-Cursor"] = cursor
-    return Response(status, headers, body_of(meta, []) if status == 200 else b"")
+    return Response(status, headers, body_of(meta, b"") if status == 200 else b"")
 
 
 def absolute_url(request: Request) -> str:

@@ -48,9 +48,11 @@ async def long_poll(request: Request) -> Response:
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     async with hub.subscribe(meta.id) as subscription:
         subscription.arm()
-        meta, result = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+        meta, result = await reads.reread(
+            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        )
         while True:
-            if result.messages:
+            if result.count:
                 return data_response(meta, result, cursor=cursor)
             if meta.closed:
                 return tail_response(meta, 204)
@@ -64,13 +66,18 @@ async def long_poll(request: Request) -> Response:
 async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
     """What a woken reader reads next: data kept in memory from ``offset`` on (no database
     round trip; streams.live), or else a re-read of the store."""
-    delivery = hub.local_delivery(meta.id, offset, settings.DS_MAX_READ_BYTES)
+    delivery = hub.local_delivery(
+        meta.id, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
     if delivery is None:
-        return await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+        return await reads.reread(
+            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        )
     closed = delivery.closed and delivery.up_to_date
     fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
     result = ReadResult(
-        messages=delivery.messages,
+        payload=reads.separator(meta).join(delivery.messages),
+        count=len(delivery.messages),
         start=offset,
         next_offset=delivery.end,
         up_to_date=delivery.up_to_date,
@@ -84,7 +91,9 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
     async with hub.subscribe(meta.id) as subscription:
         # The first read happens before the response starts, so a bad offset is still a 400.
         subscription.arm()
-        meta, first = await reads.reread(meta, offset, settings.DS_MAX_READ_BYTES)
+        meta, first = await reads.reread(
+            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        )
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         base64_data = not is_text_for_sse(meta.media_type)
         if base64_data:
@@ -126,12 +135,12 @@ class SseSession:
         """Follow the stream from ``result``, the read made (armed) before the response began."""
         sent_control = False
         while True:
-            if result.messages:
+            if result.count:
                 self.offset = result.next_offset
                 # Data and its control event go out in one write (clients and the conformance
                 # suite expect the pair together).
                 data = sse.data_event(
-                    body_of(self.meta, result.messages), base64_encoded=self.base64_data
+                    body_of(self.meta, result.payload), base64_encoded=self.base64_data
                 )
                 closed = result.closed_at_tail
                 await self.emit(data + self._control(up_to_date=result.up_to_date, closed=closed))
@@ -151,17 +160,19 @@ class SseSession:
             self.meta, result = await next_read(self.meta, self.offset)
 
     async def _wait(self, subscription: Subscription) -> bool:
-        """Wait for a change; False when the connection should end (reconnect interval). An idle
-        connection gets a keep-alive comment and re-reads anyway, so delivery never hangs on a
-        single notification."""
-        remaining = self.ends_at - time.monotonic()
-        if remaining <= 0:
-            return False
-        if not await subscription.wait(min(remaining, SSE_KEEPALIVE_SECS)):
-            if time.monotonic() >= self.ends_at:
+        """Wait for a change; False when the connection should end (the reconnect interval
+        passed, or the process is shutting down). An idle connection gets a keep-alive
+        comment every SSE_KEEPALIVE_SECS and goes on waiting: it costs the database nothing
+        (a stalled notification channel is the LISTEN heartbeat's business: streams.live)."""
+        while True:
+            remaining = self.ends_at - time.monotonic()
+            if remaining <= 0:
+                return False
+            if await subscription.wait(min(remaining, SSE_KEEPALIVE_SECS)):
+                return True
+            if subscription.ended or time.monotonic() >= self.ends_at:
                 return False
             await self.emit(sse.COMMENT_KEEPALIVE)
-        return True
 
     def _control(self, *, up_to_date: bool, closed: bool) -> bytes:
         return sse.control_event(

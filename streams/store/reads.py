@@ -12,7 +12,7 @@ from typing import Any
 
 from streams.errors import BadRequest, Gone, NotFound
 from streams.protocol.offsets import Offset
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 from streams.store.types import ReadResult, Segment, StreamMeta
 
 # The media type by the store's rule (ds_media_type), which judges appends: once per read.
@@ -21,27 +21,32 @@ _META_SQL = (
     " ttl_seconds, expires_at, deleted, chain_ids, chain_lo, chain_hi"
     " FROM ds_stream_meta(%s, %s)"
 )
-_ROWS_SQL = (
-    "SELECT seq, pos, data FROM ds_message"
-    " WHERE stream_id = %s AND seq >= %s AND seq < %s AND pos < %s ORDER BY seq"
+# A range of one segment's rows, aggregated by PostgreSQL into one value: the messages
+# concatenated (joined with commas for JSON, so the body is that inside brackets), their count,
+# the first position (to check the read starts on a message boundary) and the end. Python
+# never touches a row: a catch-up of many tiny messages costs the event loop one value.
+# Bounded by bytes (``pos < limit``: always at least the first message) and by count.
+_RANGE_SELECT = (
+    "SELECT count(*), min(seq), min(pos), max(seq), max(pos + octet_length(data)),"
+    " string_agg(data, %(sep)s ORDER BY seq) FROM ds_message"
+    " WHERE stream_id = {stream} AND seq >= %(seq)s AND seq < {hi}"
+    " AND seq < %(seq)s + %(rows)s AND pos < %(limit)s"
 )
-# A live reader's re-read of a stream that is not a fork: its tail and the new rows in ONE
+_ROWS_SQL = _RANGE_SELECT.format(stream="%(id)s", hi="%(hi)s")
+# A live reader's re-read of a stream that is not a fork: its tail and the new messages in ONE
 # statement (one round trip, one snapshot). No row at all: the stream is gone.
 _LIVE_SQL = (
-    "SELECT s.next_seq, s.next_pos, s.closed, s.deleted_at IS NOT NULL, m.seq, m.pos, m.data"
+    "SELECT s.next_seq, s.next_pos, s.closed, s.deleted_at IS NOT NULL, m.*"
     " FROM ds_stream AS s LEFT JOIN LATERAL ("
-    "   SELECT seq, pos, data FROM ds_message"
-    "    WHERE stream_id = s.id AND seq >= %(seq)s AND seq < s.next_seq AND pos < %(limit)s"
-    "    ORDER BY seq) AS m ON true"
-    " WHERE s.id = %(id)s ORDER BY m.seq"
+    + _RANGE_SELECT.format(stream="s.id", hi="s.next_seq")
+    + ") AS m ON true WHERE s.id = %(id)s"
 )
 
 
 async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
     """The stream at ``path``; ``touch`` renews a sliding TTL (reads do, HEAD does not).
     Raises NotFound (missing or expired) or Gone (soft-deleted)."""
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with connection() as conn:
         cur = await conn.execute(_META_SQL, (path, touch))
         row = await cur.fetchone()
     if row is None:
@@ -70,82 +75,112 @@ def check_offset(meta: StreamMeta, start: Offset) -> None:
         raise BadRequest("offset is beyond the end of the stream")
 
 
-async def read_range(meta: StreamMeta, start: Offset, max_bytes: int) -> ReadResult:
-    """Messages from ``start`` up to about ``max_bytes`` (always at least one message), across
-    the fork chain, bounded by the tail in ``meta``."""
+async def read_range(
+    meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
+) -> ReadResult:
+    """Messages from ``start`` up to about ``max_bytes`` and at most ``max_messages`` (always
+    at least one message), across the fork chain, bounded by the tail in ``meta``."""
     check_offset(meta, start)
     tail = meta.tail
-    messages: list[bytes] = []
-    next_offset = start
+    chunk = _Chunk(start, separator(meta))
     if start.seq < tail.seq:
-        byte_limit = start.pos + max(max_bytes, 1)
-        pool = await get_pool()
-        async with pool.connection() as conn:
+        params = {"sep": chunk.separator, "limit": start.pos + max(max_bytes, 1)}
+        async with connection() as conn:
             # Oldest segment first: the chain is stored leaf-first.
             for segment in reversed(meta.segments):
                 hi = tail.seq if segment.hi is None else min(segment.hi, tail.seq)
-                lo = max(segment.lo, next_offset.seq)
+                lo = max(segment.lo, chunk.end.seq)
                 if lo >= hi:
                     continue
+                rows = max_messages - chunk.count
                 cur = await conn.execute(
-                    _ROWS_SQL, (segment.stream_id, lo, hi, byte_limit), binary=True
+                    _ROWS_SQL,
+                    params | {"id": segment.stream_id, "seq": lo, "hi": hi, "rows": rows},
+                    binary=True,
                 )
-                rows = await cur.fetchall()
-                next_offset = _collect(rows, messages, next_offset)
-                if not rows or rows[-1][0] + 1 < hi:
-                    break  # the byte budget ended this read inside the segment
-        if not messages:
+                row = await cur.fetchone()
+                assert row is not None  # an aggregate without GROUP BY: always one row
+                chunk.add(row)
+                if chunk.count >= max_messages or chunk.end.seq < hi:
+                    break  # the byte or count budget ended this read inside the segment
+        if not chunk.count:
             raise BadRequest("offset does not belong to this stream")
-    return _result(meta, start, messages, next_offset)
+    return _result(meta, start, chunk)
 
 
-def _collect(rows: list[tuple[Any, ...]], messages: list[bytes], start: Offset) -> Offset:
-    """Add the ``(seq, pos, data)`` rows to ``messages``, checking that they continue exactly
-    from ``start``; the offset after them."""
-    next_offset = start
-    for seq, pos, data in rows:
-        if seq != next_offset.seq or pos != next_offset.pos:
+def separator(meta: StreamMeta) -> bytes:
+    """What goes between messages in a read's payload: commas for JSON (the body is the
+    payload in brackets), nothing for bytes and text."""
+    return b"," if meta.is_json else b""
+
+
+class _Chunk:
+    """Aggregated ranges of messages, appended in stream order and checked to continue
+    exactly where the previous one ended."""
+
+    __slots__ = ("count", "end", "parts", "separator")
+
+    def __init__(self, start: Offset, sep: bytes) -> None:
+        self.end = start
+        self.count = 0
+        self.parts: list[bytes] = []
+        self.separator = sep
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        """``(count, first seq, first pos, last seq, end pos, data)`` from _RANGE_SELECT."""
+        count, first_seq, first_pos, last_seq, end_pos, data = row
+        if not count:
+            return
+        if (first_seq, first_pos) != (self.end.seq, self.end.pos):
             raise BadRequest("offset does not belong to this stream")
-        messages.append(bytes(data))
-        next_offset = Offset(seq + 1, pos + len(data))
-    return next_offset
+        self.parts.append(bytes(data))
+        self.count += count
+        self.end = Offset(last_seq + 1, end_pos)
+
+    @property
+    def payload(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else self.separator.join(self.parts)
 
 
-def _result(meta: StreamMeta, start: Offset, messages: list[bytes], end: Offset) -> ReadResult:
-    up_to_date = end == meta.tail
+def _result(meta: StreamMeta, start: Offset, chunk: _Chunk) -> ReadResult:
+    up_to_date = chunk.end == meta.tail
     return ReadResult(
-        messages=messages,
+        payload=chunk.payload,
+        count=chunk.count,
         start=start,
-        next_offset=end,
+        next_offset=chunk.end,
         up_to_date=up_to_date,
         closed_at_tail=up_to_date and meta.closed,
     )
 
 
-async def reread(meta: StreamMeta, start: Offset, max_bytes: int) -> tuple[StreamMeta, ReadResult]:
+async def reread(
+    meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
+) -> tuple[StreamMeta, ReadResult]:
     """A live reader's re-read after a wake-up: the stream's current state and what it holds
     from ``start``. Raises NotFound or Gone when the stream went away meanwhile."""
     if len(meta.segments) > 1:
         fresh = await stream_meta(meta.path, touch=False)
         if fresh.id != meta.id:
             raise NotFound("stream was deleted")
-        return fresh, await read_range(fresh, start, max_bytes)
-    pool = await get_pool()
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            _LIVE_SQL,
-            {"id": meta.id, "seq": start.seq, "limit": start.pos + max(max_bytes, 1)},
-            binary=True,
-        )
-        rows = await cur.fetchall()
-    if not rows:
+        return fresh, await read_range(fresh, start, max_bytes, max_messages)
+    chunk = _Chunk(start, separator(meta))
+    params = {
+        "id": meta.id,
+        "seq": start.seq,
+        "rows": max_messages,
+        "limit": start.pos + max(max_bytes, 1),
+        "sep": chunk.separator,
+    }
+    async with connection() as conn:
+        cur = await conn.execute(_LIVE_SQL, params, binary=True)
+        row = await cur.fetchone()
+    if row is None:
         raise NotFound("stream was deleted")
-    next_seq, next_pos, closed, deleted = rows[0][:4]
+    next_seq, next_pos, closed, deleted = row[:4]
     if deleted:
         raise Gone("stream was deleted")
     fresh = replace(meta, tail=Offset(next_seq, next_pos), closed=closed)
     check_offset(fresh, start)
-    messages: list[bytes] = []
-    # Without new messages the one row has a NULL message part (a LEFT JOIN).
-    found = [row[4:] for row in rows] if rows[0][4] is not None else []
-    return fresh, _result(fresh, start, messages, _collect(found, messages, start))
+    chunk.add(row[4:])
+    return fresh, _result(fresh, start, chunk)

@@ -41,7 +41,10 @@ class StreamMeta:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    messages: list[bytes]
+    # The messages read: concatenated, or for JSON joined with commas (the body is this in
+    # brackets: streams.protocol.json_mode).
+    payload: bytes
+    count: int
     start: Offset
     next_offset: Offset
     # True when the read reached the tail the stream had when it was read.

@@ -32,13 +32,13 @@ def test_notified_data_is_delivered_from_the_readers_offset() -> None:
     hub._on_notify(_payload(7, Offset(2, 3), [b"de:f"]))
     assert subscription._event.is_set()
 
-    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20)
+    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000)
     assert delivery is not None
     assert delivery.messages == [b"ab", b"c", b"de:f"]
     assert delivery.end == Offset(3, 7)
     assert delivery.up_to_date and not delivery.closed
     # A reader in the middle of a kept append has no exact start: it re-reads.
-    assert hub.local_delivery(7, Offset(1, 2), 1 << 20) is None
+    assert hub.local_delivery(7, Offset(1, 2), 1 << 20, 1000) is None
 
 
 def test_the_same_append_from_a_local_commit_and_its_notification_is_kept_once() -> None:
@@ -46,7 +46,7 @@ def test_the_same_append_from_a_local_commit_and_its_notification_is_kept_once()
     entry = Appended(Offset(0, 0), Offset(1, 2), (b"ab",), False)
     hub._on_notify(_payload(7, Offset(0, 0), [b"ab"]))
     hub.publish(7, 1, False, [entry])
-    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20)
+    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000)
     assert delivery is not None and delivery.messages == [b"ab"]
 
 
@@ -56,17 +56,17 @@ def test_a_gap_ends_what_memory_can_deliver_and_the_reader_is_not_up_to_date() -
     # Another process appended seq 1 with data too large to carry; then this process seq 2.
     hub._on_notify("7:2:o")
     hub.publish(7, 3, False, [Appended(Offset(2, 9), Offset(3, 10), (b"c",), False)])
-    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20)
+    delivery = hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000)
     assert delivery is not None and delivery.messages == [b"a"]
     assert not delivery.up_to_date
-    assert hub.local_delivery(7, Offset(1, 1), 1 << 20) is None
+    assert hub.local_delivery(7, Offset(1, 1), 1 << 20, 1000) is None
 
 
 def test_a_lost_listen_connection_forgets_kept_data() -> None:
     hub, _ = _watched_hub()
     hub.publish(7, 1, False, [Appended(Offset(0, 0), Offset(1, 1), (b"a",), False)])
     hub._wake_all()
-    assert hub.local_delivery(7, Offset(0, 0), 1 << 20) is None
+    assert hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000) is None
 
 
 @pytest.mark.parametrize(
@@ -83,4 +83,4 @@ def test_a_lost_listen_connection_forgets_kept_data() -> None:
 def test_malformed_notifications_never_raise(payload: str) -> None:
     hub, _ = _watched_hub()
     hub._on_notify(payload)
-    assert hub.local_delivery(7, Offset(0, 0), 1 << 20) is None
+    assert hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000) is None
