@@ -10,8 +10,9 @@ JS_STAMP := $(JS_DIR)/node_modules/.installed
 
 .PHONY: setup test-setup run serve test lint format bench db db-stop clean
 
-## Python environment, system packages and the database schema.
-setup: $(PY_STAMP)
+## Python environment, system packages and the database schema. A development checkout gets a
+## `.env` asking for DEBUG (Django's settings read it; production runs without one).
+setup: $(PY_STAMP) .env
 	@scripts/setup-system.sh
 	@$(PY) manage.py migrate --no-input -v 0
 	@$(PY) manage.py collectstatic --no-input -v 0
@@ -20,6 +21,9 @@ $(PY_STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@touch $@
+
+.env:
+	@echo "DJANGO_DEBUG=true" > $@
 
 ## Node packages the tests drive (conformance suite, official clients).
 test-setup: setup $(JS_STAMP)
@@ -34,11 +38,17 @@ run: setup
 	@echo "Admin: create a user with '$(PY) manage.py createsuperuser', then open http://127.0.0.1:$(PORT)/admin/"
 	$(PY) manage.py runserver $(PORT)
 
-## Production server: uvicorn with uvloop and httptools, one worker per core.
+## Production server: uvicorn with uvloop and httptools, one worker per core, DEBUG off, and a
+## secret key of this checkout's own (`.secret-key`, made once) unless DJANGO_SECRET_KEY is set.
 WORKERS ?= 2
-serve: setup
+serve: setup .secret-key
+	DJANGO_DEBUG=false DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat .secret-key)}" \
 	$(VENV)/bin/uvicorn durable_project.asgi:application --host 0.0.0.0 --port $(PORT) \
-		--workers $(WORKERS) --loop uvloop --http httptools --no-access-log
+		--workers $(WORKERS) --loop uvloop --http httptools --no-access-log \
+		--timeout-graceful-shutdown 10
+
+.secret-key:
+	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
 
 test: test-setup
 	$(PY) -m pytest

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -19,12 +20,20 @@ env = environ.Env()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
 
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
-SECRET_KEY = env(
-    "DJANGO_SECRET_KEY",
-    default="dev-only-insecure-key-set-DJANGO_SECRET_KEY-in-production",
+# Off unless asked for: a development checkout asks in its `.env` (written by `make setup`).
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-set-DJANGO_SECRET_KEY-in-production"
+SECRET_KEY = env("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY if DEBUG else "")
+if not DEBUG and SECRET_KEY in ("", DEVELOPMENT_SECRET_KEY):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY must be set to a secret of your own when DJANGO_DEBUG is false "
+        "(for example: python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
+# Any host in development; in production only what DJANGO_ALLOWED_HOSTS names (and loopback
+# by default), so URLs built from the Host header (Location) cannot be pointed elsewhere.
+ALLOWED_HOSTS = env.list(
+    "DJANGO_ALLOWED_HOSTS", default=["*"] if DEBUG else ["localhost", "127.0.0.1", "[::1]"]
 )
-ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -47,6 +56,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "durable_project.middleware.DatabaseErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -80,8 +90,21 @@ else:
     from durable_project import localdb
 
     DATABASES = {"default": env.db_url_config(localdb.ensure_running())}
-DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+# Pages, the admin and the REST API run in Django's threads under ASGI, each request on a thread
+# of its own: persistent per-thread connections (CONN_MAX_AGE) would pile up, one per thread
+# that ever ran. A bounded pool instead (Django 5.1+, psycopg_pool): at most this many
+# connections per process. A request waits at most DS_DB_ACQUIRE_TIMEOUT_SECS for a pooled
+# connection (here and in the protocol endpoints' async pool), then answers 503 with
+# Retry-After: the database is down or overloaded.
+DS_DB_ACQUIRE_TIMEOUT_SECS = env.float("DS_DB__ACQUIRE_TIMEOUT_SECS", default=3.0)
+DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+    "min_size": 0,
+    "max_size": env.int("DS_DB__DJANGO_POOL_MAX_SIZE", default=4),
+    "timeout": DS_DB_ACQUIRE_TIMEOUT_SECS,
+    "max_idle": 60,
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -126,12 +149,24 @@ DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
 DS_MAX_STREAM_BYTES = env.int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3)
 # A request body may be at most this many bytes; a larger one answers 413 and stores nothing.
 DS_MAX_REQUEST_BYTES = env.int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2)
+# A JSON append (or a create's initial body) may hold at most this many messages (413).
+DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000)
+# A request body's next part must arrive within this many seconds (408 otherwise).
+DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
 # A catch-up response carries at most about this many bytes (always at least one message).
 DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=1024**2)
+# ... and at most this many messages, so a stream of tiny messages is read in bounded steps.
+DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 # Connections in each server process's async pool. Small is fast: appends to one stream queue
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
 DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
+# The LISTEN connection of live delivery: DATABASE_URL unless set (a pooler in transaction mode,
+# such as PgBouncer's, cannot LISTEN: point this at the database itself).
+DS_LISTEN_DATABASE_URL = env("DS_DB__LISTEN_URL", default="")
+# Every this many seconds the LISTEN connection sends itself a notification; when nothing
+# comes back for twice as long, it has stalled and is replaced (readers then re-read).
+DS_LISTEN_HEARTBEAT_SECS = env.float("DS_DB__LISTEN_HEARTBEAT_SECS", default=5.0)
 # Expired streams are deleted on access and by a sweep this often (seconds, per process).
 DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)
 
@@ -154,6 +189,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "streams.rest.Pagination",
     "EXCEPTION_HANDLER": "streams.rest.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "streams.rest.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     # Like the stream endpoints, the API is open; put authentication in front of it (a proxy)
     # or set these to your scheme. Sessions would also demand CSRF tokens from API clients.
     "DEFAULT_AUTHENTICATION_CLASSES": [],

@@ -1,14 +1,13 @@
-"""URLs served by Django (everything except the lean ASGI protocol endpoints, see asgi.py)."""
+"""URLs served by Django (everything except the lean ASGI endpoints: protocol, Yjs and the
+probes, see asgi.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from streams import api as streams_api
-from streams import views
 
 urlpatterns = [
-    path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("v1/streams", streams_api.StreamCatalog.as_view(), name="stream-catalog"),
     path("v1/state/", include("state.api.urls")),

@@ -17,8 +17,9 @@ class StateConfig(AppConfig):
         from state import live
         from state.registry import REGISTRY_PATH
         from state.validation import validate_state_append
-        from streams import extensions
+        from streams import extensions, lifecycle
 
         extensions.set_validator(validate_state_append)
         extensions.add_append_listener(live.schedule)
         extensions.READ_ONLY_PATHS.add(REGISTRY_PATH)
+        lifecycle.on_startup(live.ensure_sweeper, live.stop)

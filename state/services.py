@@ -6,13 +6,14 @@ registration and its backfill see the stream at one exact tail and no append sli
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
 from jsonschema.exceptions import SchemaError
 
-from state.core.schemas import compile_schemas
+from state.core.schemas import compile_schemas, unstorable
 from state.materializer import Progress, RebuildResult, rebuild
 from state.models import EntityState, StateStream
 from state.registry import REGISTRY_PATH
@@ -55,10 +56,14 @@ def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
     The same registration again is a no-op; a different one is a conflict."""
     if not isinstance(schemas, dict):
         raise BadRequest("schemas must be an object mapping entity types to JSON Schemas")
+    if unstorable(json.dumps(schemas).encode()):
+        raise BadRequest("schemas cannot contain NUL characters or unpaired surrogates")
     try:
         validators = compile_schemas(schemas)
     except SchemaError as exc:
         raise BadRequest(f"invalid JSON Schema: {exc.message}") from None
+    except RecursionError:
+        raise BadRequest("invalid JSON Schema: nested too deep") from None
     with transaction.atomic():
         stream = locked_stream(path)
         if media_type(stream.content_type) != JSON:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.exceptions import ParseError
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -13,10 +15,22 @@ from streams.errors import ProtocolError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """The one place where domain errors (``streams.errors``) become API responses."""
+    """The one place where domain errors (``streams.errors``) become API responses. Database
+    errors go on to ``durable_project.middleware.DatabaseErrorMiddleware``."""
     if isinstance(exc, ProtocolError):
         return Response({"detail": exc.message, "code": exc.code}, status=exc.status)
     return drf_exception_handler(exc, context)
+
+
+class BoundedJSONParser(JSONParser):
+    """DRF's JSON parser, refusing documents nested too deep for the decoder (400, not the
+    RecursionError DRF lets through as a 500)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deep") from None
 
 
 class Pagination(PageNumberPagination):

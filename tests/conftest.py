@@ -41,6 +41,7 @@ TEST_SERVER_ENV = {
     "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "60",
     "DS_LOG_LEVEL": "WARNING",
     "DJANGO_DEBUG": "false",
+    "DJANGO_SECRET_KEY": "test-servers-secret-key-not-for-production",
 }
 
 

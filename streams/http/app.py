@@ -16,7 +16,14 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from streams.errors import BadRequest, Forbidden, MethodNotAllowed, ProtocolError
+from streams import lifecycle
+from streams.errors import (
+    BadRequest,
+    Forbidden,
+    MethodNotAllowed,
+    ProtocolError,
+    ServiceUnavailable,
+)
 from streams.extensions import READ_ONLY_PATHS
 from streams.http import handlers, live_reads
 from streams.http.request import (
@@ -26,6 +33,7 @@ from streams.http.request import (
     Scope,
     Send,
     build_request,
+    check_host,
 )
 from streams.http.responses import (
     ALLOWED_METHODS,
@@ -34,7 +42,8 @@ from streams.http.responses import (
     preflight,
     send_response,
 )
-from streams.store import maintenance
+from streams.store.failures import refusal_for
+from streams.store.pool import is_connection_failure
 
 logger = logging.getLogger(__name__)
 
@@ -64,18 +73,30 @@ async def serve(
         answer = preflight(requested.decode("latin-1") if requested else None)
         await send_response(send, answer, origin)
         return
-    maintenance.ensure_started()
+    lifecycle.ensure_started()
+    started = False
+
+    async def send_tracked(message: dict[str, Any]) -> None:
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
 
     async def run() -> None:
         try:
-            response = await handle(scope, receive, send, origin)
+            check_host(headers.get(b"host"))
+            response = await handle(scope, receive, send_tracked, origin)
         except ClientDisconnected:
             return
         except ProtocolError as error:
-            response = render_error(error)
-        except Exception:
-            logger.exception("unhandled error for %s %s", method, scope.get("path"))
-            response = render_error(ProtocolError("internal server error"))
+            response = None if started else render_error(error)
+        except Exception as exc:  # noqa: BLE001 - the last line: one answer, never a crash
+            error = _unexpected(exc, method, scope.get("path", ""))
+            response = None if started else render_error(error)
+        if started:
+            if response is None:
+                # A response that began (SSE) cannot be replaced by an error: it just ends.
+                await _end_body(send)
+            return
         if response is not None:
             await send_response(send, response, origin, head=method == "HEAD")
 
@@ -83,6 +104,26 @@ async def serve(
         await _run_watching_disconnect(run(), receive)
     else:
         await run()
+
+
+def _unexpected(exc: Exception, method: str, path: str) -> ProtocolError:
+    """The answer to an exception no layer turned into a protocol error: the database being
+    unreachable is a 503, a value the store refused is the request's fault (4xx), anything
+    else is a bug (500, logged with its traceback)."""
+    if is_connection_failure(exc):
+        logger.warning("database unreachable for %s %s: %s", method, path, exc)
+        return ServiceUnavailable("the database is unavailable; retry later")
+    refusal = refusal_for(exc)
+    if refusal is not None:
+        logger.warning("store refused %s %s: %s", method, path, str(exc).strip()[:200])
+        return refusal
+    logger.error("unhandled error for %s %s", method, path, exc_info=exc)
+    return ProtocolError("internal server error")
+
+
+async def _end_body(send: Send) -> None:
+    with contextlib.suppress(Exception):
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _run_watching_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> None:

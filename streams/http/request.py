@@ -5,19 +5,26 @@ Django's request machinery is deliberately not used on the hot path (DESIGN.md, 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
-from streams.errors import BadRequest, PayloadTooLarge
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+from streams.errors import BadRequest, HeadersTooLarge, PayloadTooLarge, RequestTimeout
+from streams.protocol.headers import ascii_digits
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Scope = dict[str, Any]
 
 MAX_PATH_BYTES = 1024
+# All request headers together; HTTP servers commonly allow 8-64 KiB.
+MAX_HEADER_BYTES = 64 * 1024
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -50,27 +57,57 @@ class Request:
 
     async def body(self, limit: int) -> bytes:
         """The whole request body; 413 as soon as it passes ``limit`` bytes."""
-        declared = self.header("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        return await read_body(self.receive, self.header("content-length"), limit)
+
+
+async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """A request body of at most ``limit`` bytes (413 as soon as it is known to be larger),
+    whose parts each arrive within ``DS_BODY_READ_TIMEOUT_SECS`` (408: a client that stops
+    sending must not hold the request open forever)."""
+    if content_length is not None and ascii_digits(content_length) and int(content_length) > limit:
+        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    timeout = settings.DS_BODY_READ_TIMEOUT_SECS
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(f"no part of the request body arrived for {timeout:g}s") from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_host_verdicts: dict[bytes | None, bool] = {}
+
+
+def check_host(host: bytes | None) -> None:
+    """The Host header must name this server (``ALLOWED_HOSTS``, as Django checks it for the
+    pages it serves): URLs the server builds (Location) come from it."""
+    verdict = _host_verdicts.get(host)
+    if verdict is None:
+        text = host.decode("latin-1") if host else ""
+        domain, _ = split_domain_port(text)
+        verdict = bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+        if len(_host_verdicts) < 1024:
+            _host_verdicts[host] = verdict
+    if not verdict:
+        raise BadRequest("the Host header names a host this server does not serve")
 
 
 def _decode_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     headers: dict[str, str] = {}
+    if sum(len(name) + len(value) for name, value in raw) > MAX_HEADER_BYTES:
+        raise HeadersTooLarge(f"request headers exceed {MAX_HEADER_BYTES} bytes")
     for name, value in raw:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")

@@ -1,0 +1,84 @@
+"""Probes for load balancers and orchestrators, served without Django.
+
+* ``/healthz`` (liveness): the process answers. It touches no database, so a database outage
+  never gets healthy processes restarted.
+* ``/readyz`` (readiness): the parts a request needs work: ``database`` (a fresh connection
+  answers), ``pool`` (this process can borrow a pooled connection), ``listen`` (the LISTEN
+  connection of live delivery is up and heard from recently). 200 when all are ``ok``, else
+  503 naming the failing parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import psycopg
+from django.conf import settings
+
+from streams.http.request import Receive, Scope, Send
+from streams.http.responses import Response, send_response
+from streams.live import hub
+from streams.store.pool import conninfo, get_pool
+
+PROBE_TIMEOUT_SECS = 2.0
+
+
+async def health_app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    if scope["path"].rstrip("/") == "/readyz":
+        status, body = await readiness()
+    else:
+        status, body = 200, {"status": "ok"}
+    headers = {"Content-Type": "application/json", "Cache-Control": "no-store"}
+    response = Response(status, headers, json.dumps(body).encode())
+    await send_response(send, response, None, head=scope["method"] == "HEAD")
+
+
+async def readiness() -> tuple[int, dict[str, Any]]:
+    checks = dict(
+        zip(
+            ("database", "pool", "listen"),
+            await asyncio.gather(_database(), _pool(), _listen()),
+            strict=True,
+        )
+    )
+    failing = [name for name, verdict in checks.items() if verdict != "ok"]
+    body: dict[str, Any] = {"status": "unavailable" if failing else "ok", **checks}
+    if failing:
+        body["failing"] = failing
+    return (503 if failing else 200), body
+
+
+async def _database() -> str:
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_SECS):
+            conn = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+            async with conn:
+                await conn.execute("SELECT 1")
+    except (TimeoutError, psycopg.Error) as exc:
+        return f"failing: {str(exc).strip()[:200] or type(exc).__name__}"
+    return "ok"
+
+
+async def _pool() -> str:
+    try:
+        pool = await get_pool()
+        async with pool.connection(timeout=PROBE_TIMEOUT_SECS) as conn:
+            await conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"failing: {str(exc).strip()[:200] or type(exc).__name__}"
+    return "ok"
+
+
+async def _listen() -> str:
+    await hub.start()
+    if not hub.listening:
+        return "failing: not connected"
+    silent = time.monotonic() - hub.last_heard
+    if silent > 3 * settings.DS_LISTEN_HEARTBEAT_SECS:
+        return f"failing: nothing heard for {silent:.0f}s"
+    return "ok"

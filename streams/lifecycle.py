@@ -1,0 +1,118 @@
+"""The life of a server process (ASGI lifespan): what starts with it and how it ends.
+
+Start-up opens the database pool, starts listening for stream changes and starts the
+background work of every app (the expiry sweep, the state sweep: ``on_startup``). Servers
+without lifespan events (daphne under ``runserver``) start the same work on the first request.
+
+Shutdown (SIGTERM or SIGINT) must not wait for clients: uvicorn stops accepting connections,
+then waits for open ones to finish before it sends the lifespan shutdown event, and a live
+reader never finishes by itself (an SSE stream may be open for a minute, or forever). So the
+signal itself ends every live reader at once: long-polls answer 204, SSE streams end after
+what they are sending, and new readers end after their first read. Other requests finish
+normally, bounded by uvicorn's ``--timeout-graceful-shutdown``. Then lifespan shutdown stops
+the background work, the LISTEN connection and the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from streams.live import hub
+from streams.store import maintenance
+from streams.store.pool import close_pool, get_pool
+
+logger = logging.getLogger(__name__)
+
+Starter = Callable[[], None]
+Stopper = Callable[[], Any]
+
+_starters: list[Starter] = [maintenance.ensure_started]
+_stoppers: list[Stopper] = [maintenance.stop]
+
+
+def on_startup(start: Starter, stop: Stopper | None = None) -> None:
+    """Run ``start()`` (idempotent, in the event loop) when the process starts, and
+    ``stop()`` (may be a coroutine function) when it ends."""
+    _starters.append(start)
+    if stop is not None:
+        _stoppers.append(stop)
+
+
+def ensure_started() -> None:
+    """Start (or restart, after a crash) every app's background work; cheap when it runs."""
+    for start in _starters:
+        start()
+
+
+async def startup() -> None:
+    await get_pool()
+    await hub.start()
+    ensure_started()
+    _end_readers_on_signals()
+    logger.info("server process started")
+
+
+def begin_shutdown() -> None:
+    """End every live reader now (see the module docstring)."""
+    logger.info("shutting down: ending live readers")
+    hub.close_readers()
+
+
+async def shutdown() -> None:
+    begin_shutdown()
+    for stop in _stoppers:
+        with contextlib.suppress(Exception):
+            result = stop()
+            if asyncio.iscoroutine(result):
+                await result
+    await hub.stop()
+    await close_pool()
+
+
+def _end_readers_on_signals() -> None:
+    """Chain a handler in front of the server's own for SIGTERM and SIGINT (uvicorn installs
+    its handlers before the lifespan starts; they stay in charge of stopping the server)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+
+        def handle(sig: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(begin_shutdown)
+            if callable(previous):
+                previous(sig, frame)
+
+        try:
+            signal.signal(signum, handle)
+        except ValueError:  # not the main thread: the server handles signals itself
+            return
+
+
+def with_lifespan(app: Any) -> Any:
+    """``app`` plus the ASGI lifespan protocol."""
+
+    async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await startup()
+                except Exception as exc:
+                    logger.exception("start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    return application
