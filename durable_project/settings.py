@@ -9,6 +9,7 @@ Protocol settings use the peer server's names (``DS_SECTION__NAME``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
@@ -17,8 +18,10 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-if (BASE_DIR / ".env").exists():
-    environ.Env.read_env(BASE_DIR / ".env")
+# Variables of the environment win over the file's. DJANGO_ENV_FILE names another file.
+ENV_FILE = Path(os.environ.get("DJANGO_ENV_FILE") or BASE_DIR / ".env")
+if ENV_FILE.is_file():
+    environ.Env.read_env(ENV_FILE)
 
 # Off unless asked for: a development checkout asks in its `.env` (written by `make setup`).
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -141,6 +144,8 @@ LOGGING = {
 
 # Long-poll wait before 204 (PROTOCOL.md 5.7). The conformance suite wants it under 4 s.
 DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0)
+# An idle SSE connection gets a comment this often, so proxies and clients keep it open.
+DS_SSE_KEEPALIVE_SECS = env.float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
 DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
 # Origins allowed by CORS: "*" or a comma-separated list.

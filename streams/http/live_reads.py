@@ -26,9 +26,6 @@ from streams.protocol.offsets import Offset, parse_read_offset
 from streams.store import reads
 from streams.store.types import ReadResult, StreamMeta
 
-# An idle SSE connection gets a comment this often, so proxies and clients keep it open.
-SSE_KEEPALIVE_SECS = 15.0
-
 
 async def _open(request: Request) -> tuple[StreamMeta, Offset]:
     """The stream (renewing its TTL: PROTOCOL.md 5.1) and the validated start offset."""
@@ -162,13 +159,13 @@ class SseSession:
     async def _wait(self, subscription: Subscription) -> bool:
         """Wait for a change; False when the connection should end (the reconnect interval
         passed, or the process is shutting down). An idle connection gets a keep-alive
-        comment every SSE_KEEPALIVE_SECS and goes on waiting: it costs the database nothing
+        comment every DS_SSE_KEEPALIVE_SECS and goes on waiting: it costs the database nothing
         (a stalled notification channel is the LISTEN heartbeat's business: streams.live)."""
         while True:
             remaining = self.ends_at - time.monotonic()
             if remaining <= 0:
                 return False
-            if await subscription.wait(min(remaining, SSE_KEEPALIVE_SECS)):
+            if await subscription.wait(min(remaining, settings.DS_SSE_KEEPALIVE_SECS)):
                 return True
             if subscription.ended or time.monotonic() >= self.ends_at:
                 return False

@@ -1,0 +1,181 @@
+"""Production behaviour of the server process (issue 8): safe defaults, bounded database
+connections, live readers that cost nothing while idle.
+
+Each test names the defect it pins; all failed on commit 53fc172.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+
+def _start_bare(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Start uvicorn with ``env`` and no settings of the test harness; it must exit by itself
+    (refusing to start) within the timeout."""
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
+            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _bare_env(database_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DS_"))}
+    # The checkout's .env (a development checkout asks for DEBUG there) must not count.
+    env |= {"DATABASE_URL": database_url, "DJANGO_ENV_FILE": "/nonexistent", **extra}
+    return env
+
+
+def test_without_debug_the_development_secret_key_is_refused(database_url: str) -> None:
+    """Defect 3: the production command ran with DEBUG on and the development secret key.
+    DEBUG is now off unless asked for, and then the server refuses to start without a
+    secret key of its own, or with the development one."""
+    for extra in (
+        {},
+        {"DJANGO_SECRET_KEY": "dev-only-insecure-key-set-DJANGO_SECRET_KEY-in-production"},
+    ):
+        result = _start_bare(_bare_env(database_url, **extra))
+        assert result.returncode != 0
+        assert "DJANGO_SECRET_KEY" in result.stderr
+
+
+def test_production_errors_leak_nothing_and_hosts_are_checked(server: Any) -> None:
+    """Defect 3: every error on a Django-served URL was a traceback page naming the database
+    host, user and source paths, for any Host. Test servers run as production does."""
+    with httpx.Client(base_url=server.base_url, timeout=10) as client:
+        missing = client.get("/admin/no-such-page/")
+        assert missing.status_code in (302, 404)
+        assert "Traceback" not in missing.text and "DATABASES" not in missing.text
+        for url in ("/v1/streams", "/v1/stream/anything", "/admin/login/"):
+            response = client.get(url, headers={"Host": "evil.example"})
+            assert response.status_code == 400, (url, response.status_code)
+            assert "Traceback" not in response.text
+
+
+def _connections(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_django_urls_hold_a_bounded_number_of_connections(
+    start_server: Any, database_url: str
+) -> None:
+    """Defect 4: Django-served URLs kept one connection per thread that ever served them
+    (CONN_MAX_AGE under ASGI): 200 concurrent clients exhausted PostgreSQL's connections and
+    172 stayed open. A bounded pool serves them now: 200 concurrent requests all succeed and
+    the process holds at most its pools' sizes."""
+    server = start_server(env={"DS_DB__DJANGO_POOL_MAX_SIZE": "4", "DS_DB__POOL_MAX_SIZE": "4"})
+    before = _connections(database_url)
+
+    async def run() -> list[int]:
+        async with aiohttp.ClientSession(base_url=server.base_url) as session:
+
+            async def one(index: int) -> int:
+                url = "/v1/streams" if index % 2 else "/v1/state/streams"
+                async with session.get(url) as response:
+                    await response.read()
+                    return response.status
+
+            return await asyncio.gather(*(one(i) for i in range(200)))
+
+    statuses = asyncio.run(run())
+    assert set(statuses) == {200}
+    # Django's pool (4) + the protocol pool (4) + the LISTEN connection, at most.
+    assert _connections(database_url) - before <= 9
+
+
+def test_idle_sse_readers_cost_no_queries(start_server: Any, database_url: str) -> None:
+    """Defect 12: an idle SSE connection re-read the database at every keep-alive (every 15 s,
+    133 queries/s at 2,000 readers). Now keep-alives are comments and nothing more: 20 idle
+    readers getting a keep-alive every 0.1 s for 3 s (600 keep-alives) cause no queries
+    (other servers' periodic work on the shared database accounts for a few)."""
+    server = start_server(env={"DS_SERVER__SSE_KEEPALIVE_SECS": "0.1"})
+    path = f"tests/idle-sse-{time.time_ns()}"
+    url = f"{server.base_url}/v1/stream/{path}"
+    assert httpx.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+
+    def commits() -> int:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    async def run() -> tuple[int, int]:
+        async with aiohttp.ClientSession() as session:
+            responses = [
+                await session.get(url, params={"offset": "now", "live": "sse"}) for _ in range(20)
+            ]
+            try:
+                await asyncio.sleep(1)  # past the first reads
+                start = await asyncio.to_thread(commits)
+                keepalives = 0
+                deadline = time.monotonic() + 3
+                for response in responses:
+                    while time.monotonic() < deadline:
+                        line = await asyncio.wait_for(response.content.readline(), 5)
+                        if line.startswith(b": keep-alive"):
+                            keepalives += 1
+                            break
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                end = await asyncio.to_thread(commits)
+                return keepalives, end - start
+            finally:
+                for response in responses:
+                    response.close()
+
+    keepalives, queries = asyncio.run(run())
+    assert keepalives == 20
+    # pg_stat counters are flushed at most every second: allow for other servers' work.
+    assert queries < 60, queries
+
+
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+def test_readers_of_a_draining_process_end_at_once(start_server: Any, live: str) -> None:
+    """Defect 9 (in part; the fault suite covers the whole): SIGTERM waited for SSE clients to
+    leave (forever with the reconnect interval at 0) and did not end long-polls. Now the
+    process ends its live readers at once and exits."""
+    server = start_server(
+        env={
+            "DS_SERVER__LONG_POLL_TIMEOUT_SECS": "60",
+            "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "0",
+        }
+    )
+    url = server.stream_url(f"tests/drain-{live}-{time.time_ns()}")
+    assert httpx.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+
+    async def run() -> tuple[int, bytes, float]:
+        async with aiohttp.ClientSession() as session:
+            response = await session.get(url, params={"offset": "now", "live": live})
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            server.process.terminate()
+            body = await asyncio.wait_for(response.read(), 20)
+            return response.status, body, time.monotonic() - started
+
+    status, body, seconds = asyncio.run(run())
+    if live == "long-poll":
+        assert status == 204
+    else:
+        assert status == 200 and b"event: control" in body
+    server.process.wait(timeout=20)
+    assert seconds < 15

@@ -1,0 +1,80 @@
+"""The request loop every lean endpoint shares (``streams.http.app.serve``), driven as an ASGI
+server drives it.
+
+Defect 11 of issue 8: an error after an SSE response began sent a second response start (an
+ASGI RuntimeError in the server, a broken response for the client). Once a response began, an
+error ends it; it is never replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from streams.errors import NotFound
+from streams.http.app import serve
+
+pytestmark = pytest.mark.django_db(databases=[])
+
+
+def _scope(method: str = "GET") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": method,
+        "path": "/v1/stream/x",
+        "raw_path": b"/v1/stream/x",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1")],
+    }
+
+
+async def _drive(handler: Any, method: str = "GET") -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    gate = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gate.wait()  # the client never leaves
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if sent and sent[-1]["type"] == "http.response.body" and not sent[-1].get("more_body"):
+            raise RuntimeError("message after the response ended")
+        if message["type"] == "http.response.start" and any(
+            m["type"] == "http.response.start" for m in sent
+        ):
+            raise RuntimeError("second response start")
+        sent.append(message)
+
+    await serve(_scope(method), receive, send, handler)
+    return sent
+
+
+def _streaming_then(error: Exception) -> Any:
+    async def handler(scope: Any, receive: Any, send: Any, origin: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"event: data\n", "more_body": True})
+        raise error
+
+    return handler
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), NotFound("gone"), ValueError("x")])
+def test_error_after_the_response_began_ends_it(error: Exception) -> None:
+    sent = asyncio.run(_drive(_streaming_then(error)))
+    assert [m["type"] for m in sent] == [
+        "http.response.start",
+        "http.response.body",
+        "http.response.body",
+    ]
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def test_error_before_the_response_is_answered() -> None:
+    async def handler(scope: Any, receive: Any, send: Any, origin: Any) -> None:
+        raise RuntimeError("boom")
+
+    sent = asyncio.run(_drive(handler, method="POST"))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 500
+    assert sent[-1].get("more_body", False) is False
