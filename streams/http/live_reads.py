@@ -1,8 +1,8 @@
 """Live reads: long-poll (PROTOCOL.md 5.7) and SSE (5.8).
 
-Both subscribe to the stream's changes BEFORE reading (``streams.live``), read, and only then
-wait, so nothing committed in between is missed. While waiting they hold no database
-connection. A stream that is closed at the reader's offset ends the wait at once.
+The waiting is the services' (``streams.services.reads``: subscribe before reading, so nothing
+committed in between is missed; no database connection held while waiting); this module frames
+the answers, and runs the SSE session, which writes events as they come.
 """
 
 from __future__ import annotations
@@ -10,87 +10,56 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 from django.conf import settings
 
+from streams import services
 from streams.errors import BadRequest, ProtocolError
-from streams.http.handlers import body_of, data_response, tail_response
+from streams.http import render
 from streams.http.request import Request, Send
 from streams.http.responses import Response, encode_headers
-from streams.live import Subscription, hub
+from streams.live import Subscription
 from streams.protocol import cursor as cursors
 from streams.protocol import sse
 from streams.protocol.headers import is_text_for_sse
-from streams.protocol.offsets import Offset, parse_read_offset
-from streams.store import reads
+from streams.protocol.offsets import Offset, ReadStart, parse_read_offset
 from streams.store.types import ReadResult, StreamMeta
 
 
-async def _open(request: Request) -> tuple[StreamMeta, Offset]:
-    """The stream (renewing its TTL: PROTOCOL.md 5.1) and the validated start offset."""
+def _start(request: Request) -> ReadStart:
     if "offset" not in request.query:
         raise BadRequest("live reads need an offset (-1 for the beginning, now for the tail)")
-    start = parse_read_offset(request.query["offset"])
-    meta = await reads.stream_meta(request.path, touch=True)
-    offset = meta.tail if start.at_tail else start.offset
-    assert offset is not None
-    reads.check_offset(meta, offset)
-    return meta, offset
+    return parse_read_offset(request.query["offset"])
 
 
 async def long_poll(request: Request) -> Response:
-    meta, offset = await _open(request)
+    """GET with ``live=long-poll`` (PROTOCOL.md 5.7)."""
     cursor = cursors.next_cursor(request.query_value("cursor"))
-    deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
-    async with hub.subscribe(meta.id) as subscription:
-        subscription.arm()
-        meta, result = await reads.reread(
-            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
-        )
-        while True:
-            if result.count:
-                return data_response(meta, result, cursor=cursor)
-            if meta.closed:
-                return tail_response(meta, 204)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await subscription.wait(remaining):
-                return tail_response(meta, 204, cursor=cursor)
-            subscription.arm()
-            meta, result = await next_read(meta, offset)
-
-
-async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
-    """What a woken reader reads next: data kept in memory from ``offset`` on (no database
-    round trip; streams.live), or else a re-read of the store."""
-    delivery = hub.local_delivery(
-        meta.id, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    meta, offset = await services.open_live(
+        path=request.path,
+        principal=request.principal,
+        start=_start(request),
+        resource=request.resource,
     )
-    if delivery is None:
-        return await reads.reread(
-            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
-        )
-    closed = delivery.closed and delivery.up_to_date
-    fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
-    result = ReadResult(
-        payload=reads.separator(meta).join(delivery.messages),
-        count=len(delivery.messages),
-        start=offset,
-        next_offset=delivery.end,
-        up_to_date=delivery.up_to_date,
-        closed_at_tail=closed,
-    )
-    return fresh, result
+    meta, result = await services.long_poll(meta, offset)
+    if result is not None:
+        return render.data(meta, result, cursor=cursor)
+    # A timeout, or closed at the reader's offset (then without a cursor: PROTOCOL.md 5.7).
+    return render.at_tail(meta, 204, cursor=cursor)
 
 
 async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
-    meta, offset = await _open(request)
-    async with hub.subscribe(meta.id) as subscription:
+    """GET with ``live=sse`` (PROTOCOL.md 5.8): answers itself, as an event stream."""
+    meta, offset = await services.open_live(
+        path=request.path,
+        principal=request.principal,
+        start=_start(request),
+        resource=request.resource,
+    )
+    async with services.subscribe(meta.id) as subscription:
         # The first read happens before the response starts, so a bad offset is still a 400.
         subscription.arm()
-        meta, first = await reads.reread(
-            meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
-        )
+        meta, first = await services.first_read(meta, offset)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         base64_data = not is_text_for_sse(meta.media_type)
         if base64_data:
@@ -102,7 +71,8 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         session = SseSession(meta, offset, emit, base64_data, request.query_value("cursor"))
-        # Deleted or expired while followed: the event stream just ends.
+        # Deleted or expired while followed, or the database gone: the event stream just ends
+        # (the client reconnects from its last offset).
         with contextlib.suppress(ProtocolError):
             await session.run(subscription, first)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -137,7 +107,7 @@ class SseSession:
                 # Data and its control event go out in one write (clients and the conformance
                 # suite expect the pair together).
                 data = sse.data_event(
-                    body_of(self.meta, result.payload), base64_encoded=self.base64_data
+                    render.body_of(self.meta, result.payload), base64_encoded=self.base64_data
                 )
                 closed = result.closed_at_tail
                 await self.emit(data + self._control(up_to_date=result.up_to_date, closed=closed))
@@ -154,7 +124,7 @@ class SseSession:
                 if not await self._wait(subscription):
                     return
             subscription.arm()
-            self.meta, result = await next_read(self.meta, self.offset)
+            self.meta, result = await services.next_read(self.meta, self.offset)
 
     async def _wait(self, subscription: Subscription) -> bool:
         """Wait for a change; False when the connection should end (the reconnect interval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -126,4 +127,29 @@ def parse_producer(
         producer_id=producer_id,
         epoch=_producer_integer("Producer-Epoch", epoch.strip()),
         seq=_producer_integer("Producer-Seq", seq.strip()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AppendHeaders:
+    """What an append's headers ask for (PROTOCOL.md 5.2, 5.2.1)."""
+
+    content_type: str | None
+    close: bool
+    producer: ProducerTuple | None
+    stream_seq: str | None
+
+
+def parse_append_headers(header: Callable[[str], str | None]) -> AppendHeaders:
+    """The append headers, read through ``header(lower-case name)``."""
+    stream_seq = header("stream-seq")
+    return AppendHeaders(
+        content_type=header("content-type"),
+        close=is_true(header("stream-closed")),
+        producer=parse_producer(
+            header("producer-id"), header("producer-epoch"), header("producer-seq")
+        ),
+        stream_seq=None
+        if stream_seq is None
+        else bounded("Stream-Seq", stream_seq, MAX_STREAM_SEQ_BYTES),
     )

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from streams import extensions, live
 from streams.errors import ProtocolError
-from streams.protocol.offsets import Offset
 from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
 from streams.store.writes import append_batch
@@ -37,7 +36,18 @@ class _StreamQueue:
     running: bool = False
 
 
+CommitListener = Callable[[list[AppendRequest], list[AppendResult | ProtocolError]], None]
+
 _queues: dict[str, _StreamQueue] = {}
+# Told about every batch after it was written (the service layer wakes live readers): the store
+# does not import live delivery.
+_listeners: list[CommitListener] = []
+
+
+def on_commit(listener: CommitListener) -> None:
+    _listeners.append(listener)
+
+
 # Running writer tasks, referenced so they are not garbage-collected mid-flight.
 _writers: set[asyncio.Task[None]] = set()
 
@@ -87,7 +97,11 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                 )
             except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
                 results = await _after_failure(path, requests, exc)
-            _publish(requests, results)
+            for listener in _listeners:
+                try:
+                    listener(requests, results)
+                except Exception:  # a listener's failure must not fail acknowledged appends
+                    logger.exception("commit listener failed")
             for (_, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -128,26 +142,3 @@ async def _after_failure(
         except Exception as alone:  # noqa: BLE001 - judged alone, failing alone
             results.extend(await _after_failure(path, [request], alone))
     return results
-
-
-def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
-    """Wake this process's readers at once, handing watched streams' data to them (other
-    processes hear the NOTIFY), and tell the append listeners about streams with extra rules
-    (streams.extensions)."""
-    stored = [
-        (request, result)
-        for request, result in zip(batch, results, strict=True)
-        if isinstance(result, AppendResult) and not result.duplicate
-    ]
-    if not stored:
-        return
-    last = stored[-1][1]  # every request of a batch is for one stream
-    appended = []
-    if live.hub.watches(last.stream_id):
-        for request, result in stored:
-            end = result.next_offset
-            start = Offset(end.seq - len(request.messages), end.pos - request.size)
-            appended.append(live.Appended(start, end, tuple(request.messages), result.closed))
-    live.hub.publish(last.stream_id, last.next_offset.seq, last.closed, appended)
-    if any(request.validation_version is not None for request, _ in stored):
-        extensions.appended(last.stream_id)

@@ -1,0 +1,137 @@
+"""Answers of the protocol endpoints, built from service results (PROTOCOL.md 5).
+
+Shared by the stream endpoint and the Yjs endpoint, which answer the same results the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from streams.http.request import Request
+from streams.http.responses import Response
+from streams.protocol import json_mode
+from streams.store.types import AppendResult, CreateResult, ReadResult, StreamMeta
+
+NO_STORE = "no-store"
+# PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
+CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+
+
+def created(request: Request, result: CreateResult) -> Response:
+    """The answer to a create: 201 with Location when new, 200 when it existed."""
+    headers = {
+        "Content-Type": result.content_type,
+        "Stream-Next-Offset": str(result.tail),
+        "Cache-Control": NO_STORE,
+    }
+    if result.closed:
+        headers["Stream-Closed"] = "true"
+    if result.created:
+        headers["Location"] = absolute_url(request)
+    return Response(201 if result.created else 200, headers)
+
+
+def appended(result: AppendResult, *, producer: bool, stored_data: bool) -> Response:
+    """The answer to an append. A producer's new data is 200; a duplicate or a close-only is
+    204, as is every append without producer headers (PROTOCOL.md 5.2.1, 5.3)."""
+    headers = {"Stream-Next-Offset": str(result.next_offset), "Cache-Control": NO_STORE}
+    if result.closed:
+        headers["Stream-Closed"] = "true"
+    if not producer:
+        return Response(204, headers)
+    headers["Producer-Epoch"] = str(result.producer_epoch)
+    headers["Producer-Seq"] = str(result.producer_seq)
+    return Response(204 if result.duplicate or not stored_data else 200, headers)
+
+
+def info(meta: StreamMeta) -> Response:
+    """The answer to HEAD (PROTOCOL.md 5.5)."""
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(meta.tail),
+        "Cache-Control": NO_STORE,
+        **_expiry_headers(meta.ttl_seconds, meta.expires_at),
+    }
+    if meta.closed:
+        headers["Stream-Closed"] = "true"
+    return Response(200, headers)
+
+
+def deleted() -> Response:
+    return Response(204, {"Cache-Control": NO_STORE})
+
+
+def data(
+    meta: StreamMeta,
+    result: ReadResult,
+    *,
+    cursor: str | None = None,
+    if_none_match: str | None = None,
+) -> Response:
+    """Messages read (catch-up or long-poll). A matching ``If-None-Match`` is a 304, whose
+    body is never built."""
+    headers = _data_headers(meta, result, cursor)
+    if if_none_match is not None and headers["ETag"] in _etags(if_none_match):
+        del headers["Content-Type"]
+        return Response(304, headers)
+    return Response(200, headers, body_of(meta, result.payload))
+
+
+def at_tail(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
+    """An answer at the tail with no data: ``offset=now`` (200) or a long-poll timeout (204)."""
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(meta.tail),
+        "Stream-Up-To-Date": "true",
+        "Cache-Control": NO_STORE,
+    }
+    if meta.closed:
+        headers["Stream-Closed"] = "true"
+    elif cursor is not None:
+        headers["Stream-Cursor"] = cursor
+    return Response(status, headers, body_of(meta, b"") if status == 200 else b"")
+
+
+def body_of(meta: StreamMeta, payload: bytes) -> bytes:
+    """The body of a read whose messages are ``payload`` (ReadResult.payload)."""
+    return json_mode.render(payload) if meta.is_json else payload
+
+
+def absolute_url(request: Request) -> str:
+    """The URL the request was sent to (for Location headers)."""
+    host = request.header("host") or "localhost"
+    scheme = request.scope.get("scheme", "http")
+    return f"{scheme}://{host}{request.raw_path}"
+
+
+def _etags(header: str) -> set[str]:
+    return {tag.strip() for tag in header.split(",")}
+
+
+def _data_headers(
+    meta: StreamMeta, result: ReadResult, cursor: str | None = None
+) -> dict[str, str]:
+    etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
+    headers = {
+        "Content-Type": meta.content_type,
+        "Stream-Next-Offset": str(result.next_offset),
+        "ETag": etag,
+        # A chunk that reaches the tail of an open stream may grow; only history is cacheable.
+        "Cache-Control": CACHEABLE if not result.up_to_date else NO_STORE,
+    }
+    if result.up_to_date:
+        headers["Stream-Up-To-Date"] = "true"
+    if result.closed_at_tail:
+        headers["Stream-Closed"] = "true"
+    elif cursor is not None:
+        headers["Stream-Cursor"] = cursor
+    return headers
+
+
+def _expiry_headers(ttl_seconds: int | None, expires_at: datetime | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if ttl_seconds is not None:
+        headers["Stream-TTL"] = str(ttl_seconds)
+    if expires_at is not None:
+        headers["Stream-Expires-At"] = expires_at.isoformat().replace("+00:00", "Z")
+    return headers

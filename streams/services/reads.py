@@ -1,0 +1,107 @@
+"""Services that read streams: metadata, catch-up reads and live reads (PROTOCOL.md 5.5-5.8).
+
+Live reads subscribe to the stream's changes BEFORE reading (``streams.live``), read, and only
+then wait, so nothing committed in between is missed. While waiting they hold no database
+connection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from django.conf import settings
+
+from access.grants import Operation, Principal, stream_resource
+from streams.live import hub
+from streams.protocol.offsets import Offset, ReadStart
+from streams.store import reads
+from streams.store.types import ReadResult, StreamMeta
+
+
+async def stream_info(
+    *, path: str, principal: Principal, resource: str | None = None
+) -> StreamMeta:
+    """A stream's metadata; does not renew a sliding TTL (HEAD, PROTOCOL.md 5.5)."""
+    principal.require(resource or stream_resource(path), Operation.READ)
+    return await reads.stream_meta(path, touch=False)
+
+
+async def read(
+    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
+) -> tuple[StreamMeta, ReadResult | None]:
+    """A catch-up read (PROTOCOL.md 5.6): the stream (TTL renewed) and what it holds from
+    ``start``; no result for ``offset=now``."""
+    principal.require(resource or stream_resource(path), Operation.READ)
+    meta = await reads.stream_meta(path, touch=True)
+    if start.at_tail:
+        return meta, None
+    assert start.offset is not None
+    result = await reads.read_range(
+        meta, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
+    return meta, result
+
+
+async def open_live(
+    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
+) -> tuple[StreamMeta, Offset]:
+    """The stream of a live read (TTL renewed: PROTOCOL.md 5.1) and its validated start."""
+    principal.require(resource or stream_resource(path), Operation.READ)
+    meta = await reads.stream_meta(path, touch=True)
+    offset = meta.tail if start.at_tail else start.offset
+    assert offset is not None
+    reads.check_offset(meta, offset)
+    return meta, offset
+
+
+async def first_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
+    """The read of a live reader right after it subscribed (armed): from the store."""
+    return await reads.reread(
+        meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
+
+
+async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
+    """What a woken reader reads next: data kept in memory from ``offset`` on (no database
+    round trip; streams.live), or else a re-read of the store."""
+    delivery = hub.local_delivery(
+        meta.id, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
+    if delivery is None:
+        return await first_read(meta, offset)
+    closed = delivery.closed and delivery.up_to_date
+    fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
+    result = ReadResult(
+        payload=reads.separator(meta).join(delivery.messages),
+        count=len(delivery.messages),
+        start=offset,
+        next_offset=delivery.end,
+        up_to_date=delivery.up_to_date,
+        closed_at_tail=closed,
+    )
+    return fresh, result
+
+
+async def long_poll(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult | None]:
+    """Wait up to the long-poll timeout for data at ``offset`` (PROTOCOL.md 5.7): the data,
+    or None when the wait ended without any (timeout, the stream closed at the reader's
+    offset, or the process shutting down)."""
+    deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
+    async with hub.subscribe(meta.id) as subscription:
+        subscription.arm()
+        meta, result = await first_read(meta, offset)
+        while True:
+            if result.count:
+                return meta, result
+            if meta.closed:
+                return meta, None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await subscription.wait(remaining):
+                return meta, None
+            subscription.arm()
+            meta, result = await next_read(meta, offset)
+
+
+# For readers that loop themselves (SSE): ``async with subscribe(stream_id) as subscription``.
+subscribe = hub.subscribe
