@@ -51,7 +51,9 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "rest_framework_api_key",
     "streams",
+    "access",
     "state",
     "yjs",
     "spark",
@@ -178,6 +180,27 @@ DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
 
+# --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
+
+# "keys": every request needs an API key, an identity-provider token or a signed URL with a
+# grant for what it does; "open": everyone may do everything (development, the conformance
+# suite). Open with DEBUG, keys without it, unless set.
+DS_AUTH_MODE = env.str("DS_AUTH__MODE", default="open" if DEBUG else "keys")
+if DS_AUTH_MODE not in ("keys", "open"):
+    raise ImproperlyConfigured("DS_AUTH__MODE must be 'keys' or 'open'")
+# Signs read URLs (access.signing); the secret key when unset.
+DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
+# Signed URLs may be valid for at most this long.
+DS_AUTH_SIGNED_URL_MAX_SECS = env.int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600)
+# Tokens of an identity provider (JWT): the public keys (a JWKS URL or file), the issuer and
+# audience they must carry, the algorithms accepted and the claim holding their grants.
+DS_AUTH_JWT_JWKS_URL = env.str("DS_AUTH__JWT_JWKS_URL", default="")
+DS_AUTH_JWT_JWKS_FILE = env.str("DS_AUTH__JWT_JWKS_FILE", default="")
+DS_AUTH_JWT_ISSUER = env.str("DS_AUTH__JWT_ISSUER", default="")
+DS_AUTH_JWT_AUDIENCE = env.str("DS_AUTH__JWT_AUDIENCE", default="")
+DS_AUTH_JWT_ALGORITHMS = env.list("DS_AUTH__JWT_ALGORITHMS", default=["RS256", "ES256", "EdDSA"])
+DS_AUTH_JWT_GRANTS_CLAIM = env.str("DS_AUTH__JWT_GRANTS_CLAIM", default="ds_grants")
+
 # --- Yjs documents (YJS-PROTOCOL.md) -------------------------------------------------------
 
 # Compact a document once this many update bytes accumulated since its last snapshot.
@@ -199,10 +222,10 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    # Like the stream endpoints, the API is open; put authentication in front of it (a proxy)
-    # or set these to your scheme. Sessions would also demand CSRF tokens from API clients.
-    "DEFAULT_AUTHENTICATION_CLASSES": [],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    # The same credentials as the stream endpoints (access.rest); views check grants. Sessions
+    # are not used: they would also demand CSRF tokens from API clients.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["access.rest.BearerAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["access.rest.HasCredentials"],
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -213,4 +236,7 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The API's documentation is public, whatever the access mode.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
 }

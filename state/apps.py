@@ -12,6 +12,7 @@ class StateConfig(AppConfig):
     # Materialization and __registry__ recording, replacing the streams app's ds_hook_* no-ops
     # (installed after the streams SQL by streams.store.schema).
     sql_dir = Path(__file__).resolve().parent / "sql"
+    sql_requires = ("streams",)
 
     def ready(self) -> None:
         from state import live

@@ -34,6 +34,8 @@ class StateStream(models.Model):
     invalid_events = models.BigIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who registered it: "key:<key id>", "jwt:<subject>"... (access.grants.Principal.label).
+    registered_by = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "ds_state_stream"

@@ -51,7 +51,9 @@ def _next_version() -> int:
         return cursor.fetchone()[0]
 
 
-def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
+def register_state_stream(
+    *, path: str, schemas: dict[str, Any], registered_by: str | None = None
+) -> Registered:
     """Register a JSON stream as a state stream and materialize what it already holds.
     The same registration again is a no-op; a different one is a conflict."""
     if not isinstance(schemas, dict):
@@ -74,7 +76,7 @@ def register_state_stream(*, path: str, schemas: dict[str, Any]) -> Registered:
                 raise Conflict(f"stream {path!r} is already registered with other schemas")
             return Registered(existing, created=False, rebuilt=None)
         registration = StateStream.objects.create(
-            stream=stream, schemas=schemas, version=_next_version()
+            stream=stream, schemas=schemas, version=_next_version(), registered_by=registered_by
         )
         result = rebuild(registration, validators=validators)
     return Registered(registration, created=True, rebuilt=result)

@@ -7,6 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers
 
+from access.rest import principal_of, readable
 from streams.models import Stream
 from streams.protocol.offsets import Offset
 
@@ -35,8 +36,8 @@ class StreamSerializer(serializers.ModelSerializer):
     ]
 )
 class StreamCatalog(generics.ListAPIView):
-    """Live streams (not expired or deleted), by path; internal streams (``__ds/``, behind the
-    Yjs endpoint) are not listed."""
+    """Live streams (not expired or deleted), by path, that the caller may read; internal
+    streams (``__ds/``, behind the Yjs endpoint) are not listed."""
 
     serializer_class = StreamSerializer
 
@@ -51,4 +52,4 @@ class StreamCatalog(generics.ListAPIView):
         prefix = self.request.query_params.get("prefix")
         if prefix:
             streams = streams.filter(path__startswith=prefix)
-        return streams
+        return readable(streams, principal_of(self.request), "path")

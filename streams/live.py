@@ -107,6 +107,8 @@ class LiveHub:
         self._closing = False
         # Callbacks for notifications of other kinds ("<kind>:<payload>", kind not a number).
         self._handlers: dict[str, Callable[[str], None]] = {}
+        # Called when the LISTEN connection (re)connects: notifications may have been missed.
+        self._reconnect_hooks: list[Callable[[], None]] = []
         # When this process last heard from its LISTEN connection (monotonic seconds).
         self.last_heard = 0.0
 
@@ -146,6 +148,9 @@ class LiveHub:
         """Call ``handler(payload)`` for notifications ``"<kind>:<payload>"`` on the channel
         (other apps share this process's LISTEN connection: access control's key changes)."""
         self._handlers[kind] = handler
+
+    def add_reconnect_hook(self, hook: Callable[[], None]) -> None:
+        self._reconnect_hooks.append(hook)
 
     @property
     def listening(self) -> bool:
@@ -220,6 +225,11 @@ class LiveHub:
         # Notifications may have been missed: what is kept can no longer be known complete.
         self._seen.clear()
         self._recent.clear()
+        for hook in self._reconnect_hooks:
+            try:
+                hook()
+            except Exception:
+                logger.exception("reconnect hook failed")
         for subscribers in self._subscriptions.values():
             for subscription in subscribers:
                 subscription.wake()

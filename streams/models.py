@@ -59,6 +59,8 @@ class Stream(models.Model):
     # Number of forks whose source is this stream; a delete with forks is a soft delete.
     fork_refcount = models.IntegerField(default=0)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Who created it: "key:<key id>", "jwt:<subject>"... (access.grants.Principal.label).
+    created_by = models.TextField(null=True, blank=True)
 
     objects = StreamQuerySet.as_manager()
 

@@ -42,6 +42,8 @@ TEST_SERVER_ENV = {
     "DS_LOG_LEVEL": "WARNING",
     "DJANGO_DEBUG": "false",
     "DJANGO_SECRET_KEY": "test-servers-secret-key-not-for-production",
+    # Access control is tested on its own (tests/access); elsewhere everyone may do anything.
+    "DS_AUTH__MODE": "open",
 }
 
 

@@ -15,13 +15,17 @@ import json
 
 from django.conf import settings
 
+from access.auth import authenticate
+from access.grants import Grant, Operation, Principal, doc_resource
+from streams import services
 from streams.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
 from streams.http import app as streams_app
-from streams.http import handlers
+from streams.http import handlers, render
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
-from streams.protocol.headers import is_true
+from streams.protocol.headers import is_true, parse_append_headers
 from streams.store import reads
+from streams.store.types import AppendResult
 from yjs import compaction, store
 from yjs.framing import FramingError, read_frames
 from yjs.paths import (
@@ -67,18 +71,24 @@ def error_response(error: ProtocolError) -> Response:
     return Response(error.status, headers, body)
 
 
-def _authorize(request: Request, service: str) -> None:
+async def _principal(request: Request, service: str) -> Principal:
+    """Who sends the request. A service with a secret (YJS_SERVICE_SECRETS) takes
+    ``Bearer <secret>`` for everything on its documents; other credentials are judged as on
+    every endpoint (in open mode, such a service still needs its secret)."""
     secret = settings.YJS_SERVICE_SECRETS.get(service)
-    if not secret:
-        return
     given = request.header("authorization") or ""
-    if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+    if secret and hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+        everything = frozenset(Operation)
+        return Principal("service", id=service, grants=(Grant(f"yjs/{service}/", everything),))
+    principal = await authenticate(given or None, request.query)
+    if secret and principal.kind == "open":
         raise YjsError(
             401,
             "UNAUTHORIZED",
             "missing or wrong service secret",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return principal
 
 
 async def _handle(
@@ -86,7 +96,8 @@ async def _handle(
 ) -> Response | None:
     request = request_for(scope, receive, path="")
     doc = parse_doc_url(request.raw_path)
-    _authorize(request, doc.service)
+    request.principal = await _principal(request, doc.service)
+    request.resource = doc_resource(doc.service, doc.doc_path)
     awareness = request.query_value("awareness")
     if awareness is not None:
         name = parse_awareness_name(awareness)
@@ -115,15 +126,17 @@ async def _document(
                 return await _read_snapshot(doc, offset)
             return await streams_app.handle_get(request, send, origin)
         case "PUT":
-            return handlers.created_response(request, await store.create_document(doc))
+            request.principal.require(request.resource or "", Operation.MANAGE)
+            return render.created(request, await store.create_document(doc))
         case "POST":
             body = await _framed_body(request, check_yjs_updates=True)
-            response, result = await handlers.append_body(request, body)
+            response, result = await _append(request, body)
             compaction.after_append(result.stream_id, result.next_offset)
             return response
         case "HEAD":
             return await handlers.head(request)
         case "DELETE":
+            request.principal.require(request.resource or "", Operation.MANAGE)
             if not await store.delete_document(doc):
                 raise NotFound("document does not exist")
             return Response(204, {"Cache-Control": "no-store"})
@@ -195,6 +208,7 @@ async def _awareness(
             case "HEAD":
                 return await handlers.head(request)
             case "PUT":
+                request.principal.require(request.resource or "", Operation.MANAGE)
                 await _require_document(doc)
                 created = await store.create_awareness(doc, name)
                 return Response(201 if created else 200, {"Cache-Control": "no-store"})
@@ -215,14 +229,31 @@ async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> R
     """Append an awareness update, creating the stream first when it does not exist (never
     created, or expired after its TTL) as long as the document exists (YJS-PROTOCOL.md 5.7)."""
     try:
-        response, _ = await handlers.append_body(request, body)
+        response, _ = await _append(request, body)
         return response
     except NotFound:
         pass
     await _require_document(doc)
     await store.create_awareness(doc, name)
-    response, _ = await handlers.append_body(request, body)
+    response, _ = await _append(request, body)
     return response
+
+
+async def _append(request: Request, body: bytes) -> tuple[Response, AppendResult]:
+    """The base protocol's append of an already checked body to the request's stream."""
+    wanted = parse_append_headers(request.header)
+    result = await services.append(
+        path=request.path,
+        principal=request.principal,
+        resource=request.resource,
+        body=body,
+        content_type=wanted.content_type,
+        close=wanted.close,
+        producer=wanted.producer,
+        stream_seq=wanted.stream_seq,
+    )
+    response = render.appended(result, producer=wanted.producer is not None, stored_data=True)
+    return response, result
 
 
 async def _require_document(doc: DocRef) -> None:

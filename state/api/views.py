@@ -12,6 +12,8 @@ from rest_framework import generics, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.grants import Operation, stream_resource
+from access.rest import principal_of, readable
 from state.api.serializers import (
     EntitySerializer,
     RegistrationRequestSerializer,
@@ -34,14 +36,20 @@ class StateStreamList(generics.ListAPIView):
     it already holds."""
 
     serializer_class = StateStreamSerializer
-    queryset = StateStream.objects.select_related("stream").order_by("stream__path")
+
+    def get_queryset(self) -> QuerySet[StateStream]:
+        registrations = StateStream.objects.select_related("stream").order_by("stream__path")
+        return readable(registrations, principal_of(self.request), "stream__path")
 
     @extend_schema(request=RegistrationRequestSerializer, responses=StateStreamSerializer)
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = RegistrationRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
+        path = payload.validated_data["stream"]
+        principal = principal_of(request)
+        principal.require(stream_resource(path), Operation.MANAGE)
         registered = register_state_stream(
-            path=payload.validated_data["stream"], schemas=payload.validated_data["schemas"]
+            path=path, schemas=payload.validated_data["schemas"], registered_by=principal.label
         )
         return Response(
             StateStreamSerializer(registered.registration).data,
@@ -56,6 +64,7 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
 
     def get_object(self) -> StateStream:
         path = self.kwargs["stream"]
+        principal_of(self.request).require(stream_resource(path), Operation.READ)
         # Catch up first: report where the state is now, not before the last append.
         caught_up = catch_up_state_stream(path=path)
         registrations = StateStream.objects.select_related("stream")
@@ -65,7 +74,9 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
         return registration
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        unregister_state_stream(path=self.kwargs["stream"])
+        path = self.kwargs["stream"]
+        principal_of(request).require(stream_resource(path), Operation.MANAGE)
+        unregister_state_stream(path=path)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -88,6 +99,7 @@ class EntityList(generics.ListAPIView):
         path = request.query_params.get("stream")
         if not path:
             raise BadRequest("the stream query parameter is required")
+        principal_of(request).require(stream_resource(path), Operation.READ)
         # Read-your-writes: reflect every acknowledged append.
         caught_up = catch_up_state_stream(path=path)
         if caught_up is None:

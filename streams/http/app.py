@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from access.auth import authenticate
 from streams import lifecycle
 from streams.errors import (
     BadRequest,
@@ -180,6 +181,7 @@ async def _handle_stream(
     scope: Scope, receive: Receive, send: Send, origin: str | None
 ) -> Response | None:
     request = build_request(scope, receive, handlers.STREAM_ROUTE)
+    request.principal = await authenticate(request.header("authorization"), request.query)
     if request.method == "GET":
         return await handle_get(request, send, origin)
     if request.path in READ_ONLY_PATHS and request.method in ("PUT", "POST", "DELETE"):

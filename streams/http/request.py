@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, unquote_to_bytes
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from access.grants import ANONYMOUS, Principal
 from streams.errors import BadRequest, HeadersTooLarge, PayloadTooLarge, RequestTimeout
 from streams.protocol.headers import ascii_digits
 
@@ -43,6 +44,11 @@ class Request:
     headers: dict[str, str]
     scope: Scope
     receive: Receive
+    # Who sends it (access control); the endpoint authenticates before handling.
+    principal: Principal = ANONYMOUS
+    # What access control calls the target when it is not the stream at ``path`` (a Yjs
+    # document: ``access.grants``).
+    resource: str | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())

@@ -69,6 +69,8 @@ class CreateRequest:
     closed: bool
     messages: list[bytes]
     fork: ForkSpec | None = None
+    # Who creates it (``access.grants.Principal.label``), recorded with the stream.
+    created_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 _CREATE_SQL = (
     "SELECT outcome, id, content_type, next_seq, next_pos, closed"
-    " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s)"
+    " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s, %s)"
 )
 # Scalar parameters only: psycopg's per-element type detection for list parameters cost more
 # than the whole SQL function (docs/decisions.md).
@@ -77,6 +77,7 @@ async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> Cre
         fork.offset.seq if fork and fork.offset else None,
         fork.offset.pos if fork and fork.offset else None,
         fork.sub_offset if fork else 0,
+        request.created_by,
     )
     (row,) = await _execute(_CREATE_SQL, params)
     outcome, stream_id, content_type, next_seq, next_pos, closed = row

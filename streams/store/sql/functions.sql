@@ -25,8 +25,6 @@ CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
--- Removed: a no-op that every append called inside the stream's row lock and no app replaced.
-DROP FUNCTION IF EXISTS ds_hook_appended(ds_stream, bigint, bigint);
 CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
 
@@ -248,8 +246,6 @@ $$;
 
 -- Insert one append's messages at (p_seq, p_pos), its last message ending the batch. Returns
 -- the bytes written.
-DROP FUNCTION IF EXISTS ds_insert_messages(bigint, bigint, bigint, bytea[], boolean[]);
-DROP FUNCTION IF EXISTS ds_one_batch(int);
 CREATE OR REPLACE FUNCTION ds_insert_messages(
     p_stream_id bigint, p_seq bigint, p_pos bigint, p_data bytea[]
 ) RETURNS bigint
@@ -283,7 +279,8 @@ CREATE OR REPLACE FUNCTION ds_create(
     p_fork_from text,
     p_fork_seq bigint,
     p_fork_pos bigint,
-    p_fork_sub bigint
+    p_fork_sub bigint,
+    p_created_by text
 )
 RETURNS TABLE (
     outcome text, id bigint, content_type text, next_seq bigint, next_pos bigint,
@@ -368,14 +365,14 @@ BEGIN
         INSERT INTO ds_stream AS t (
             path, content_type, created_at, accessed_at, ttl_seconds, expires_at, next_seq,
             next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_sub_offset,
-            fork_refcount
+            fork_refcount, created_by
         ) VALUES (
             p_path, v_type, now(), now(), v_ttl, v_expires, v_anchor_seq, v_anchor_pos,
             p_closed, src.id,
             CASE WHEN src.id IS NOT NULL THEN v_anchor_seq END,
             CASE WHEN src.id IS NOT NULL THEN v_anchor_pos END,
             CASE WHEN src.id IS NOT NULL THEN p_fork_sub END,
-            0
+            0, p_created_by
         )
         ON CONFLICT (path) DO NOTHING
         RETURNING t.id INTO v_id;

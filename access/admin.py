@@ -1,0 +1,33 @@
+"""Staff manage API keys and their grants in the admin; the key is shown once, at creation."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from rest_framework_api_key.admin import APIKeyModelAdmin
+from rest_framework_api_key.models import APIKey
+
+from access.models import ApiKey, Grant
+
+# The library's own concrete model is unused: this project's keys are ApiKey.
+admin.site.unregister(APIKey)
+
+
+class GrantInline(admin.TabularInline):
+    model = Grant
+    extra = 1
+    fields = ["prefix", "read", "append", "manage"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(APIKeyModelAdmin):
+    list_display = [
+        "prefix", "name", "owner", "created", "expiry_date", "_has_expired", "revoked",
+        "rate_limit", "grant_list",
+    ]  # fmt: skip
+    list_filter = ["revoked", "created"]
+    search_fields = ["name", "prefix", "owner__username"]
+    inlines = [GrantInline]
+
+    @admin.display(description="grants")
+    def grant_list(self, key: ApiKey) -> str:
+        return ", ".join(str(grant) for grant in key.grants.all()) or "(none)"

@@ -1,0 +1,262 @@
+"""Authentication: who sends a request, decided cheaply on the hot path.
+
+Credentials, in order: ``Authorization: Bearer <key>`` (an API key, ``<prefix>.<secret>``),
+``Authorization: Bearer <JWT>`` (``access.tokens``), or a signed read URL's query parameters
+(``access.signing``). In ``keys`` mode a request without credentials is anonymous (401 for
+anything it asks) and bad credentials are a 401 at once; in ``open`` mode everyone may do
+everything, and valid credentials only name who did it.
+
+Keys are looked up once per process and kept: a request with a known key costs dictionary
+lookups, no hashing and no database. Every change to keys or grants (the admin, commands,
+SQL) fires a trigger whose NOTIFY reaches every server process on the live-delivery channel;
+it drops the cache, so a revoked key stops working everywhere within the notification's
+latency. A lost LISTEN connection drops it too, and entries are reloaded after
+``CACHE_SECONDS`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from rest_framework_api_key.crypto import KeyGenerator
+
+from access import ratelimit, signing, tokens
+from access.grants import ANONYMOUS, OPEN, Grant, Operation, Principal
+from streams.errors import Unauthorized
+
+CACHE_SECONDS = 60.0
+# An unknown key id is asked again after this long (a key created meanwhile also clears it).
+UNKNOWN_SECONDS = 1.0
+MAX_CACHED = 10_000
+KEY_SQL = (
+    "SELECT k.name, k.hashed_key, k.revoked, k.expiry_date, k.rate_limit,"
+    " coalesce(json_agg(json_build_array(g.prefix, g.read, g.append, g.manage))"
+    "          FILTER (WHERE g.id IS NOT NULL), '[]')"
+    " FROM ds_api_key AS k LEFT JOIN ds_api_grant AS g ON g.key_id = k.id"
+    " WHERE k.prefix = %s GROUP BY k.id"
+)
+
+_hasher = KeyGenerator()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    prefix: str
+    name: str
+    hashed_key: str
+    revoked: bool
+    expires_at: datetime | None
+    rate_limit: int | None
+    grants: tuple[Grant, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    key: str | None = None  # an API key, "<prefix>.<secret>"
+    token: str | None = None  # a JWT
+    signed: tuple[str, Grant] | None = None  # a signed URL: the key id and its read grant
+
+    @property
+    def key_id(self) -> str | None:
+        if self.key is not None:
+            return self.key.partition(".")[0]
+        return self.signed[0] if self.signed is not None else None
+
+
+# prefix -> (record, or None for no such key; when it was loaded)
+_records: dict[str, tuple[KeyRecord | None, float]] = {}
+# keys whose hash matched their record: checked once per process
+_matched: set[str] = set()
+_lock = threading.Lock()
+
+
+def open_mode() -> bool:
+    return settings.DS_AUTH_MODE == "open"
+
+
+def credential_of(authorization: str | None, query: dict[str, list[str]]) -> Credential | None:
+    """The credentials a request carries; None without any."""
+    if authorization is not None:
+        scheme, _, value = authorization.strip().partition(" ")
+        value = value.strip()
+        if scheme.lower() != "bearer" or not value:
+            raise Unauthorized(
+                "send credentials as Authorization: Bearer <key or token>",
+                headers={"WWW-Authenticate": 'Bearer realm="durable-streams"'},
+            )
+        if value.count(".") == 2:
+            return Credential(token=value)
+        return Credential(key=value)
+    signed = signing.verify(query)
+    return Credential(signed=signed) if signed is not None else None
+
+
+async def authenticate(authorization: str | None, query: dict[str, list[str]]) -> Principal:
+    """The principal of a request of the lean endpoints (async: the event loop)."""
+    try:
+        credential = credential_of(authorization, query)
+        if credential is None:
+            return OPEN if open_mode() else ANONYMOUS
+        record = None
+        key_id = credential.key_id
+        if key_id is not None:
+            record = _cached(key_id)
+            if record is _MISSING:
+                record = _remember(key_id, await _fetch(key_id))
+        principal = None
+        if credential.token is not None:
+            principal = tokens.cached(credential.token)
+            if principal is None:
+                principal = await asyncio.to_thread(tokens.verify, credential.token)
+        return _conclude(credential, record, principal)
+    except Unauthorized:
+        if open_mode():
+            return OPEN
+        raise
+
+
+def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) -> Principal:
+    """The same for Django-served URLs (their views run in threads)."""
+    try:
+        credential = credential_of(authorization, query)
+        if credential is None:
+            return OPEN if open_mode() else ANONYMOUS
+        record = None
+        key_id = credential.key_id
+        if key_id is not None:
+            record = _cached(key_id)
+            if record is _MISSING:
+                record = _remember(key_id, _fetch_sync(key_id))
+        principal = tokens.verify(credential.token) if credential.token is not None else None
+        return _conclude(credential, record, principal)
+    except Unauthorized:
+        if open_mode():
+            return OPEN
+        raise
+
+
+def _conclude(
+    credential: Credential, record: KeyRecord | Any | None, principal: Principal | None
+) -> Principal:
+    if credential.token is not None:
+        assert principal is not None
+    else:
+        principal = _key_principal(credential, record)
+    if principal.rate_limit is not None:
+        ratelimit.take(principal.label or "", principal.rate_limit)
+    return replace(principal, unrestricted=True) if open_mode() else principal
+
+
+def _key_principal(credential: Credential, record: KeyRecord | None) -> Principal:
+    if record is None:
+        raise _refused("unknown API key")
+    if credential.key is not None and credential.key not in _matched:
+        if not _hasher.verify(credential.key, record.hashed_key):
+            raise _refused("unknown API key")
+        with _lock:
+            if len(_matched) >= MAX_CACHED:
+                _matched.clear()
+            _matched.add(credential.key)
+    if record.revoked:
+        raise _refused("this API key was revoked")
+    if record.expires_at is not None and record.expires_at.timestamp() <= time.time():
+        raise _refused("this API key has expired")
+    principal = Principal(
+        "key", id=record.prefix, name=record.name, grants=record.grants,
+        rate_limit=float(record.rate_limit) if record.rate_limit else None,
+    )  # fmt: skip
+    if credential.signed is None:
+        return principal
+    # A signed URL reads only what it names, and only while its key may read that.
+    _, grant = credential.signed
+    if not principal.allows(grant.prefix, Operation.READ):
+        raise _refused("the key that signed this URL may no longer read what it covers")
+    return replace(principal, kind="signed-url", grants=(grant,))
+
+
+def _refused(message: str) -> Unauthorized:
+    return Unauthorized(message, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+_MISSING: Any = object()
+
+
+def _cached(prefix: str) -> KeyRecord | Any | None:
+    entry = _records.get(prefix)
+    if entry is None:
+        return _MISSING
+    record, loaded = entry
+    age = time.monotonic() - loaded
+    if age > (CACHE_SECONDS if record is not None else UNKNOWN_SECONDS):
+        return _MISSING
+    return record
+
+
+def _remember(prefix: str, record: KeyRecord | None) -> KeyRecord | None:
+    with _lock:
+        if len(_records) >= MAX_CACHED:
+            _records.clear()
+        _records[prefix] = (record, time.monotonic())
+    return record
+
+
+def _record(prefix: str, row: tuple[Any, ...] | None) -> KeyRecord | None:
+    if row is None:
+        return None
+    name, hashed_key, revoked, expires_at, rate_limit, grants = row
+    rules = []
+    for grant_prefix, read, append, manage in grants:
+        operations = {
+            op for op, on in ((Operation.READ, read), (Operation.APPEND, append),
+                              (Operation.MANAGE, manage)) if on
+        }  # fmt: skip
+        rules.append(Grant(grant_prefix, frozenset(operations)))
+    return KeyRecord(prefix, name, hashed_key, revoked, expires_at, rate_limit, tuple(rules))
+
+
+async def _fetch(prefix: str) -> KeyRecord | None:
+    from streams.store.pool import connection
+
+    if len(prefix) > 8:
+        return None
+    async with connection() as conn:
+        cur = await conn.execute(KEY_SQL, (prefix,))
+        return _record(prefix, await cur.fetchone())
+
+
+def _fetch_sync(prefix: str) -> KeyRecord | None:
+    from django.db import connection
+
+    if len(prefix) > 8:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(KEY_SQL, [prefix])
+        row = cursor.fetchone()
+    if row is not None and isinstance(row[5], str):  # json_agg through Django: text
+        import json
+
+        row = (*row[:5], json.loads(row[5]))
+    return _record(prefix, row)
+
+
+def forget(_payload: str = "") -> None:
+    """Drop every cached key (a key or grant changed somewhere, or notifications may have
+    been missed)."""
+    with _lock:
+        _records.clear()
+        _matched.clear()
+    tokens.forget()
+
+
+def listen_for_changes() -> None:
+    """Hear of key changes from every process (``access/sql``'s triggers)."""
+    from streams.live import hub
+
+    hub.add_handler("auth", forget)
+    hub.add_reconnect_hook(forget)
