@@ -18,7 +18,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """The one place where domain errors (``streams.errors``) become API responses. Database
     errors go on to ``durable_project.middleware.DatabaseErrorMiddleware``."""
     if isinstance(exc, ProtocolError):
-        return Response({"detail": exc.message, "code": exc.code}, status=exc.status)
+        return Response(
+            {"detail": exc.message, "code": exc.code}, status=exc.status, headers=exc.headers
+        )
     return drf_exception_handler(exc, context)
 
 

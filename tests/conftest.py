@@ -51,6 +51,8 @@ def command_env(database_url: str, **overrides: str | None) -> dict[str, str]:
     """The environment of a management command run against the test database; an override
     of None removes the variable."""
     env = {**os.environ, "DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+    # The test servers' secret: what commands sign (read URLs), servers can check.
+    env["DJANGO_SECRET_KEY"] = TEST_SERVER_ENV["DJANGO_SECRET_KEY"]
     env.pop("DJANGO_SETTINGS_MODULE", None)
     for name, value in overrides.items():
         if value is None:
@@ -101,11 +103,13 @@ def free_port() -> int:
 class ServerProcess:
     """One server process: ``base_url`` is ``http://127.0.0.1:<port>``."""
 
-    def __init__(self, url: str, env: dict[str, str], log_path: Path, kind: str) -> None:
+    def __init__(self, url: str, env: dict[str, str | None], log_path: Path, kind: str) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         environment = {**os.environ, **TEST_SERVER_ENV, **env, "DATABASE_URL": url}
+        # An override of None removes the variable (a default under test).
+        environment = {name: value for name, value in environment.items() if value is not None}
         if kind == "uvicorn":
             argv = [
                 sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
@@ -203,7 +207,7 @@ def start_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")
 
-    def start(env: dict[str, str] | None = None, kind: str = "uvicorn") -> ServerProcess:
+    def start(env: dict[str, str | None] | None = None, kind: str = "uvicorn") -> ServerProcess:
         server = ServerProcess(database_url, env or {}, logs / f"server-{len(started)}.log", kind)
         started.append(server)
         return server

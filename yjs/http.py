@@ -39,6 +39,13 @@ from yjs.paths import (
 )
 from yjs.updates import check_updates
 
+METHOD_OPERATIONS = {
+    "GET": Operation.READ,
+    "HEAD": Operation.READ,
+    "POST": Operation.APPEND,
+    "PUT": Operation.MANAGE,
+    "DELETE": Operation.MANAGE,
+}
 # Bodies bigger than this are checked off the event loop (decoding updates is CPU work).
 INLINE_CHECK_BYTES = 64 * 1024
 
@@ -98,6 +105,12 @@ async def _handle(
     doc = parse_doc_url(request.raw_path)
     request.principal = await _principal(request, doc.service)
     request.resource = doc_resource(doc.service, doc.doc_path)
+    # One check for everything a method does to a document or its awareness (the base
+    # protocol's services check again, at no cost, what they are asked).
+    operation = METHOD_OPERATIONS.get(request.method)
+    if operation is None:
+        raise _method_not_allowed(request)
+    request.principal.require(request.resource, operation)
     awareness = request.query_value("awareness")
     if awareness is not None:
         name = parse_awareness_name(awareness)
@@ -126,7 +139,6 @@ async def _document(
                 return await _read_snapshot(doc, offset)
             return await streams_app.handle_get(request, send, origin)
         case "PUT":
-            request.principal.require(request.resource or "", Operation.MANAGE)
             return render.created(request, await store.create_document(doc))
         case "POST":
             body = await _framed_body(request, check_yjs_updates=True)
@@ -136,7 +148,6 @@ async def _document(
         case "HEAD":
             return await handlers.head(request)
         case "DELETE":
-            request.principal.require(request.resource or "", Operation.MANAGE)
             if not await store.delete_document(doc):
                 raise NotFound("document does not exist")
             return Response(204, {"Cache-Control": "no-store"})
@@ -208,7 +219,6 @@ async def _awareness(
             case "HEAD":
                 return await handlers.head(request)
             case "PUT":
-                request.principal.require(request.resource or "", Operation.MANAGE)
                 await _require_document(doc)
                 created = await store.create_awareness(doc, name)
                 return Response(201 if created else 200, {"Cache-Control": "no-store"})

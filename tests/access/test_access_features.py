@@ -1,0 +1,219 @@
+"""Access control beyond the per-request check (issue 9): listings filtered by grants, signed
+read URLs for EventSource, rate limits, revocation reaching every process within a second,
+who created what, and the official clients with a key."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from durable_streams import DurableStream, stream
+
+from tests.access.support import bearer, create_key, key_id
+from tests.conftest import JS_DIR, ServerProcess, manage, run_node
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+@pytest.fixture(scope="module")
+def servers(start_server: Any) -> tuple[ServerProcess, ServerProcess]:
+    env = {"DS_AUTH__MODE": "keys"}
+    return start_server(env=env), start_server(env=env)
+
+
+@pytest.fixture(scope="module")
+def admin(database_url: str, servers: Any) -> dict[str, str]:
+    return bearer(create_key(database_url, "features-admin", ":read,append,manage"))
+
+
+def _create(server: ServerProcess, admin: dict[str, str], path: str, body: str = "x") -> None:
+    response = httpx.put(server.stream_url(path), headers=TEXT | admin, content=body)
+    assert response.status_code == 201, response.text
+
+
+def test_listings_show_only_what_the_key_may_read(
+    servers: Any, admin: dict[str, str], database_url: str
+) -> None:
+    """The catalog (/v1/streams) and the state API's list show only readable streams; without
+    a key they are 401."""
+    first, _ = servers
+    tag = f"list{time.time_ns()}"
+    for path in (f"{tag}/mine/a", f"{tag}/mine/b", f"{tag}/theirs/c"):
+        _create(first, admin, path)
+    reader = bearer(create_key(database_url, "lister", f"stream/{tag}/mine/:read"))
+    with httpx.Client(base_url=first.base_url, timeout=10) as http:
+        listed = http.get("/v1/streams", params={"prefix": tag}, headers=reader).json()
+        assert [s["path"] for s in listed["results"]] == [f"{tag}/mine/a", f"{tag}/mine/b"]
+        everything = http.get("/v1/streams", params={"prefix": tag}, headers=admin).json()
+        assert everything["count"] == 3
+        assert http.get("/v1/streams").status_code == 401
+        assert http.get("/v1/state/streams").status_code == 401
+        assert http.get("/v1/state/streams", headers=reader).status_code == 200
+
+
+def test_streams_and_registrations_record_who_made_them(
+    servers: Any, database_url: str, pg: Any
+) -> None:
+    """The key (id) that created a stream and that registered a state stream is recorded."""
+    first, _ = servers
+    key = create_key(database_url, "recorder", "stream/recorded/:read,append,manage")
+    path = f"recorded/{time.time_ns()}"
+    response = httpx.put(
+        first.stream_url(path), headers={"Content-Type": "application/json"} | bearer(key)
+    )
+    assert response.status_code == 201
+    registered = httpx.post(
+        f"{first.base_url}/v1/state/streams", json={"stream": path}, headers=bearer(key)
+    )
+    assert registered.status_code == 201, registered.text
+    row = pg.execute(
+        "SELECT s.created_by, r.registered_by FROM ds_stream AS s"
+        " JOIN ds_state_stream AS r ON r.stream_id = s.id WHERE s.path = %s",
+        (path,),
+    ).fetchone()
+    assert row == (f"key:{key_id(key)}", f"key:{key_id(key)}")
+
+
+def test_revocation_reaches_another_process_within_a_second(
+    servers: Any, database_url: str
+) -> None:
+    """A key revoked by one process (the command) stops working on a server process that has
+    it cached, within a second."""
+    _, second = servers
+    key = create_key(database_url, "to-revoke", "stream/revoke/:read,append,manage")
+    path = f"revoke/{time.time_ns()}"
+    with httpx.Client(timeout=10) as http:
+        assert http.put(second.stream_url(path), headers=TEXT | bearer(key)).status_code == 201
+        for server in servers:  # both processes have it cached
+            assert http.head(server.stream_url(path), headers=bearer(key)).status_code == 200
+        assert manage(database_url, "revoke_api_key", key_id(key)).returncode == 0
+        revoked_at = time.monotonic()
+        statuses = set()
+        for server in servers:
+            while True:
+                status = http.head(server.stream_url(path), headers=bearer(key)).status_code
+                if status == 401 or time.monotonic() - revoked_at > 1.0:
+                    statuses.add(status)
+                    break
+                time.sleep(0.01)
+        assert statuses == {401}
+
+
+def test_signed_urls_read_until_they_expire(
+    servers: Any, admin: dict[str, str], database_url: str
+) -> None:
+    """A key with read mints a signed URL (API and command); an EventSource-style GET (no
+    headers) reads with it, live over SSE; it grants nothing else, and fails after expiry or
+    when tampered with."""
+    first, second = servers
+    path = f"signed/{time.time_ns()}"
+    _create(first, admin, path, "first ")
+    reader = create_key(database_url, "signer", "stream/signed/:read")
+    with httpx.Client(timeout=10) as http:
+        minted = http.post(
+            f"{first.base_url}/v1/auth/signed-urls",
+            json={"stream": path, "expires_in": 3},
+            headers=bearer(reader),
+        )
+        assert minted.status_code == 201, minted.text
+        url = minted.json()["url"].replace(first.base_url, second.base_url)
+        # EventSource: no headers, the signature in the query; live over SSE.
+        with http.stream("GET", url + "&offset=-1&live=sse") as events:
+            assert events.status_code == 200
+            lines = events.iter_lines()
+            assert next(lines) == "event: data" and next(lines) == "data:first "
+        # It reads, and only reads, only that stream.
+        assert http.get(url + "&offset=-1").text == "first "
+        assert http.post(url, headers=TEXT, content="no").status_code == 403
+        other = url.replace(path, f"{path}-other")
+        assert http.get(other + "&offset=-1").status_code == 403
+        tampered = url.replace("ds_expires=", "ds_expires=9")
+        assert http.get(tampered + "&offset=-1").status_code == 401
+        # A key may not sign what it cannot read.
+        outside = http.post(
+            f"{first.base_url}/v1/auth/signed-urls",
+            json={"stream": "elsewhere/x"},
+            headers=bearer(reader),
+        )
+        assert outside.status_code == 403
+        # The command mints the same kind of URL.
+        command = manage(
+            database_url, "sign_url", "--key", key_id(reader), "--stream", path,
+            "--base-url", second.base_url,
+        )  # fmt: skip
+        assert command.returncode == 0, command.stderr
+        assert http.get(command.stdout.strip() + "&offset=-1").text == "first "
+        time.sleep(3.5)
+        assert http.get(url + "&offset=-1").status_code == 401
+    params = parse_qs(urlsplit(url).query)
+    assert set(params) == {"ds_key", "ds_scope", "ds_exact", "ds_expires", "ds_sig"}
+
+
+def test_rate_limited_keys_get_429_and_store_nothing(
+    servers: Any, admin: dict[str, str], database_url: str
+) -> None:
+    """PROTOCOL.md 12.5: past its rate, a key's requests get 429 with Retry-After and store
+    nothing; the appends answered 204 are exactly those stored."""
+    first, _ = servers
+    path = f"limited/{time.time_ns()}"
+    _create(first, admin, path, "")
+    key = create_key(
+        database_url, "limited", "stream/limited/:read,append", extra=("--rate-limit", "5")
+    )
+    accepted, limited = [], 0
+    with httpx.Client(timeout=10) as http:
+        for n in range(30):
+            response = http.post(
+                first.stream_url(path), headers=TEXT | bearer(key), content=f"{n},"
+            )
+            if response.status_code == 429:
+                limited += 1
+                assert int(response.headers["Retry-After"]) >= 1
+            else:
+                assert response.status_code == 204
+                accepted.append(f"{n},")
+        stored = http.get(first.stream_url(path), params={"offset": "-1"}, headers=admin).text
+    assert limited >= 20 and len(accepted) >= 5
+    assert stored == "".join(accepted)
+
+
+def test_official_clients_work_with_a_key(servers: Any, database_url: str) -> None:
+    """The official Python client (headers=) and TypeScript client (headers option) create,
+    append, read and follow a stream with a key; without it they are refused."""
+    first, _ = servers
+    key = create_key(database_url, "clients", "stream/clients/:read,append,manage")
+    url = first.stream_url(f"clients/py-{time.time_ns()}")
+    handle = DurableStream.create(
+        url, content_type="application/json", headers=bearer(key), timeout=10
+    )
+    handle.append({"n": 1})
+    handle.append({"n": 2})
+    with stream(url, offset="-1", live=False, headers=bearer(key), timeout=10) as response:
+        assert list(response.iter_json()) == [{"n": 1}, {"n": 2}]
+    with pytest.raises(Exception, match=r"401|nauthori"):
+        DurableStream.create(url + "-nokey", content_type="application/json", timeout=10)
+
+    report = run_node(
+        JS_DIR / "clients" / "keyed_client.mjs",
+        first.stream_url(f"clients/ts-{time.time_ns()}"),
+        key,
+    )
+    assert report["items"] == [{"n": 1}, {"n": 2}, {"live": True}]
+    assert report["withoutKey"] == 401
+    stored = httpx.get(report["url"], params={"offset": "-1"}, headers=bearer(key)).json()
+    assert stored == report["items"], json.dumps(report)
+
+
+def test_production_defaults_to_keys(start_server: Any) -> None:
+    """Without DS_AUTH__MODE and with DEBUG off (the production command), keys are required:
+    the server is secure without extra steps."""
+    server = start_server(env={"DS_AUTH__MODE": None})
+    path = f"defaults/{time.time_ns()}"
+    response = httpx.put(server.stream_url(path), headers=TEXT)
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert httpx.get(f"{server.base_url}/v1/streams").status_code == 401
