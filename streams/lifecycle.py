@@ -18,14 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from psycopg_pool import PoolTimeout
+
 from streams.live import hub
 from streams.store import maintenance
 from streams.store.pool import close_pool, get_pool
+from streams.store.schema import SchemaMismatch, verify_installed
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +55,39 @@ def ensure_started() -> None:
 
 
 async def startup() -> None:
-    await get_pool()
+    try:
+        await _verify_schema(timeout=5)
+    except PoolTimeout:
+        # The database is unreachable: start anyway (requests answer 503 until it is back),
+        # and check as soon as it answers.
+        logger.warning("database unreachable at start-up; its SQL is checked once it answers")
+        _background.add(asyncio.get_running_loop().create_task(_verify_later()))
     await hub.start()
     ensure_started()
     _end_readers_on_signals()
     logger.info("server process started")
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+async def _verify_schema(*, timeout: float) -> None:
+    pool = await get_pool()
+    async with pool.connection(timeout=timeout) as conn:
+        await verify_installed(conn)
+
+
+async def _verify_later() -> None:
+    while True:
+        try:
+            await _verify_schema(timeout=30)
+            return
+        except PoolTimeout:
+            continue
+        except SchemaMismatch:
+            logger.critical("refusing to serve", exc_info=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def begin_shutdown() -> None:

@@ -9,7 +9,9 @@ between.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core.exceptions import ImproperlyConfigured
@@ -50,7 +52,50 @@ def _in_dependency_order(configs: list[AppConfig]) -> list[AppConfig]:
     return ordered
 
 
+def digest() -> str:
+    """What the SQL of this code is: a SHA-256 of every script, in install order."""
+    hasher = hashlib.sha256()
+    for script in sql_scripts():
+        hasher.update(script.name.encode() + b"\0" + script.read_bytes() + b"\0")
+    return hasher.hexdigest()
+
+
 def install_functions(using: str = "default") -> None:
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         for script in sql_scripts():
             cursor.execute(script.read_text())
+        cursor.execute(
+            "INSERT INTO ds_sql_install (digest) VALUES (%s)"
+            " ON CONFLICT (id) DO UPDATE SET digest = excluded.digest, installed_at = now()",
+            [digest()],
+        )
+
+
+class SchemaMismatch(ImproperlyConfigured):
+    pass
+
+
+async def verify_installed(conn: Any) -> None:
+    """Refuse to run against a database whose SQL functions are not this code's (a deploy
+    without ``migrate``, or a database migrated by another version): the write path's rules
+    live in those functions. Also checks that the outcome types hold exactly the outcomes
+    Python maps (streams.store.outcomes)."""
+    from streams.store.outcomes import SQL_TYPES
+
+    cur = await conn.execute("SELECT digest FROM ds_sql_install")
+    row = await cur.fetchone()
+    expected = digest()
+    if row is None or row[0] != expected:
+        found = row[0][:12] if row else "nothing"
+        raise SchemaMismatch(
+            f"the database's SQL functions ({found}) are not this code's ({expected[:12]}):"
+            " run `manage.py migrate` with this version"
+        )
+    for type_name, outcomes in SQL_TYPES.items():
+        cur = await conn.execute(f"SELECT enum_range(NULL::{type_name})::text[]")
+        labels = (await cur.fetchone())[0]
+        if set(labels) != {outcome.value for outcome in outcomes}:
+            raise SchemaMismatch(
+                f"{type_name} holds {sorted(labels)}, the code expects"
+                f" {sorted(o.value for o in outcomes)}: run `manage.py migrate`"
+            )

@@ -15,18 +15,19 @@ from typing import Any
 
 from psycopg import errors
 
-from streams.errors import (
-    BadRequest,
-    Conflict,
-    Forbidden,
-    Gone,
-    NotFound,
-    PayloadTooLarge,
-    ProtocolError,
-    StreamClosed,
-    ValidationStale,
-)
+from streams.errors import ProtocolError
 from streams.protocol.offsets import Offset
+from streams.store.outcomes import (
+    APPEND_SUCCESSES,
+    CREATE_ERRORS,
+    CREATE_SUCCESSES,
+    DELETE_ERRORS,
+    DELETE_SUCCESSES,
+    AppendOutcome,
+    CreateOutcome,
+    DeleteOutcome,
+    append_error,
+)
 from streams.store.pool import connection
 from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
 
@@ -80,44 +81,25 @@ async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> Cre
         request.created_by,
     )
     (row,) = await _execute(_CREATE_SQL, params)
-    outcome, stream_id, content_type, next_seq, next_pos, closed = row
-    if outcome in ("created", "exists"):
-        return CreateResult(
-            created=outcome == "created",
-            stream_id=stream_id,
-            content_type=content_type,
-            tail=Offset(next_seq, next_pos),
-            closed=closed,
-        )
-    raise _create_error(outcome)
+    outcome = CreateOutcome(row[0])
+    if outcome not in CREATE_SUCCESSES:
+        raise CREATE_ERRORS[outcome]()
+    _, stream_id, content_type, next_seq, next_pos, closed = row
+    return CreateResult(
+        created=outcome is CreateOutcome.CREATED,
+        stream_id=stream_id,
+        content_type=content_type,
+        tail=Offset(next_seq, next_pos),
+        closed=closed,
+    )
 
 
-def _create_error(outcome: str) -> ProtocolError:
-    match outcome:
-        case "conflict":
-            return Conflict("a stream already exists at this path with a different configuration")
-        case "source_not_found":
-            return NotFound("fork source stream not found")
-        case "source_gone":
-            return Conflict("fork source stream was deleted")
-        case "content_type_mismatch":
-            return Conflict("Content-Type differs from the fork source's content type")
-        case "fork_offset_invalid":
-            return BadRequest("Stream-Fork-Offset is not a position of the source stream")
-        case "sub_offset_invalid":
-            return BadRequest("Stream-Fork-Sub-Offset is past the next message boundary")
-        case "too_large":
-            return PayloadTooLarge("initial content exceeds the stream size limit")
-    raise AssertionError(f"unexpected create outcome {outcome!r}")
-
-
-async def delete_stream(path: str) -> None:
-    ((outcome,),) = await _execute("SELECT ds_delete(%s)", (path,))
-    match outcome:
-        case "not_found":
-            raise NotFound("stream not found")
-        case "gone":
-            raise Gone("stream was deleted")
+async def delete_stream(path: str) -> DeleteOutcome:
+    ((value,),) = await _execute("SELECT ds_delete(%s)", (path,))
+    outcome = DeleteOutcome(value)
+    if outcome not in DELETE_SUCCESSES:
+        raise DELETE_ERRORS[outcome]()
+    return outcome
 
 
 async def append_batch(
@@ -157,58 +139,24 @@ async def append_batch(
     return [_append_result(request, row) for request, row in zip(requests, rows, strict=True)]
 
 
-def _append_result(request: AppendRequest, row: tuple) -> AppendResult | ProtocolError:
-    (
-        outcome,
-        next_seq,
-        next_pos,
-        closed,
-        epoch,
-        producer_seq,
-        expected_seq,
-        stream_id,
-    ) = row
+def _append_result(request: AppendRequest, row: tuple[Any, ...]) -> AppendResult | ProtocolError:
+    value, next_seq, next_pos, closed, epoch, producer_seq, expected_seq, stream_id = row
+    outcome = AppendOutcome(value)
     tail = Offset(next_seq, next_pos) if next_seq is not None else None
-    match outcome:
-        case "appended" | "duplicate" | "already_closed":
-            assert tail is not None
-            return AppendResult(
-                stream_id=stream_id,
-                next_offset=tail,
-                closed=closed,
-                duplicate=outcome == "duplicate",
-                producer_epoch=epoch,
-                producer_seq=producer_seq,
-            )
-        case "not_found":
-            return NotFound("stream not found")
-        case "gone":
-            return Gone("stream was deleted")
-        case "stale_epoch":
-            return Forbidden(
-                "producer epoch is stale (fenced by a newer epoch)",
-                headers={"Producer-Epoch": str(epoch)},
-            )
-        case "epoch_seq_not_zero":
-            return BadRequest("a new producer epoch must start at Producer-Seq 0")
-        case "sequence_gap":
-            assert request.producer is not None
-            return Conflict(
-                "producer sequence gap",
-                headers={
-                    "Producer-Expected-Seq": str(expected_seq),
-                    "Producer-Received-Seq": str(request.producer.seq),
-                },
-            )
-        case "stream_closed":
-            assert tail is not None
-            return StreamClosed(str(tail))
-        case "content_type_mismatch":
-            return Conflict("Content-Type does not match the stream's content type")
-        case "stream_seq_regression":
-            return Conflict("Stream-Seq must be greater than the last one appended")
-        case "too_large":
-            return PayloadTooLarge("append would exceed the stream size limit")
-        case "validation_stale":
-            return ValidationStale()
-    raise AssertionError(f"unexpected append outcome {outcome!r}")
+    if outcome in APPEND_SUCCESSES:
+        assert tail is not None
+        return AppendResult(
+            stream_id=stream_id,
+            next_offset=tail,
+            closed=closed,
+            duplicate=outcome is AppendOutcome.DUPLICATE,
+            producer_epoch=epoch,
+            producer_seq=producer_seq,
+        )
+    return append_error(
+        outcome,
+        tail=str(tail) if tail is not None else None,
+        epoch=epoch,
+        expected_seq=expected_seq,
+        received_seq=request.producer.seq if request.producer is not None else None,
+    )

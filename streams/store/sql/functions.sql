@@ -83,8 +83,8 @@ $$;
 -- Delete on behalf of a client. A stream with forks is soft-deleted: it answers 410 and keeps
 -- its data for fork reads until its last fork is gone (PROTOCOL.md 5.4). An expired stream
 -- is expired on the spot, the same removal, and answers not_found (PROTOCOL.md 5.1).
--- Outcomes: deleted | soft_deleted | not_found | gone.
-CREATE OR REPLACE FUNCTION ds_delete(p_path text) RETURNS text
+-- Outcomes: ds_delete_outcome (streams/store/outcomes.py maps them to answers).
+CREATE OR REPLACE FUNCTION ds_delete(p_path text) RETURNS ds_delete_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     s ds_stream;
@@ -266,8 +266,7 @@ $$;
 -- the same configuration answers `exists`, a different one `conflict`. p_content_type NULL
 -- means "not given": the source's type for a fork (the caller supplies the default otherwise).
 -- p_fork_seq NULL means the source's tail.
--- Outcomes: created | exists | conflict | source_not_found | source_gone |
---           content_type_mismatch | fork_offset_invalid | sub_offset_invalid | too_large
+-- Outcomes: ds_create_outcome (streams/store/outcomes.py maps them to answers).
 CREATE OR REPLACE FUNCTION ds_create(
     p_path text,
     p_content_type text,
@@ -283,7 +282,7 @@ CREATE OR REPLACE FUNCTION ds_create(
     p_created_by text
 )
 RETURNS TABLE (
-    outcome text, id bigint, content_type text, next_seq bigint, next_pos bigint,
+    outcome ds_create_outcome, id bigint, content_type text, next_seq bigint, next_pos bigint,
     closed boolean
 )
 LANGUAGE plpgsql AS $$
@@ -342,8 +341,8 @@ BEGIN
             v_anchor_pos := coalesce(p_fork_pos, src.next_pos);
             v_prefix := ds_fork_prefix(src, v_anchor_seq, p_fork_sub);
             IF v_prefix IS NULL THEN
-                RETURN QUERY SELECT 'sub_offset_invalid', NULL::bigint, NULL::text,
-                    NULL::bigint, NULL::bigint, NULL::boolean;
+                RETURN QUERY SELECT 'sub_offset_invalid'::ds_create_outcome, NULL::bigint,
+                    NULL::text, NULL::bigint, NULL::bigint, NULL::boolean;
                 RETURN;
             END IF;
             -- TTL and expiry of a fork (PROTOCOL.md 4.2 table): its own when given, else the
@@ -357,8 +356,8 @@ BEGIN
         SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes
           FROM unnest(v_prefix || coalesce(p_data, '{}')) AS d;
         IF v_anchor_pos + v_bytes > p_max_stream_bytes THEN
-            RETURN QUERY SELECT 'too_large', NULL::bigint, NULL::text, NULL::bigint,
-                NULL::bigint, NULL::boolean;
+            RETURN QUERY SELECT 'too_large'::ds_create_outcome, NULL::bigint, NULL::text,
+                NULL::bigint, NULL::bigint, NULL::boolean;
             RETURN;
         END IF;
 
@@ -398,7 +397,7 @@ BEGIN
     END IF;
     SELECT * INTO s FROM ds_stream AS t WHERE t.id = v_id;
     PERFORM ds_hook_created(s);
-    RETURN QUERY SELECT 'created', v_id, v_type, v_seq, v_pos, p_closed;
+    RETURN QUERY SELECT 'created'::ds_create_outcome, v_id, v_type, v_seq, v_pos, p_closed;
 END;
 $$;
 
@@ -469,9 +468,7 @@ $$;
 --        Stream-Seq or null, message count, byte count, validation version or null]
 --   p_lengths / p_owners: each message's byte length and the request (1-based) it belongs to;
 --   p_data: all messages' bytes, concatenated in order.
--- Outcomes: appended | duplicate | stale_epoch | epoch_seq_not_zero | sequence_gap |
---           stream_closed | already_closed | content_type_mismatch | stream_seq_regression |
---           too_large | not_found | gone | validation_stale
+-- Outcomes: ds_append_outcome (streams/store/outcomes.py maps them to answers).
 CREATE OR REPLACE FUNCTION ds_append(
     p_path text,
     p_requests jsonb,
@@ -481,7 +478,7 @@ CREATE OR REPLACE FUNCTION ds_append(
     p_max_stream_bytes bigint
 )
 RETURNS TABLE (
-    outcome text, next_seq bigint, next_pos bigint, closed boolean,
+    outcome ds_append_outcome, next_seq bigint, next_pos bigint, closed boolean,
     producer_epoch bigint, producer_seq bigint, expected_seq bigint, stream_id bigint
 )
 LANGUAGE plpgsql AS $$

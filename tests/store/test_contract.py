@@ -1,0 +1,309 @@
+"""The storage contract, called directly (STYLE.md: the store is tested on its own).
+
+One test per outcome of each write, each asserting the error the protocol answers (class,
+status and the headers the protocol requires on it), and hand-built mixed batches whose
+requests are judged independently: deterministic, no timing, no HTTP. Invariants
+(streams/store/writes.py): offsets strictly increase; an append is stored entirely or not at
+all; a duplicate of an accepted producer request stores nothing and succeeds; one refused
+request never affects another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from streams.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+    StreamClosed,
+    ValidationStale,
+)
+from streams.protocol.headers import ProducerTuple
+from streams.protocol.offsets import Offset
+from streams.store import group_commit, pool, reads, writes
+from streams.store.outcomes import SQL_TYPES, DeleteOutcome
+from streams.store.types import AppendRequest, AppendResult, CreateRequest, ForkSpec
+
+MAX = 1 << 30
+TEXT = "text/plain"
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a scenario on a fresh event loop with a pool of its own (on the test database)."""
+
+    async def main() -> Any:
+        pool._pool, pool._pool_lock = None, None
+        try:
+            return await scenario()
+        finally:
+            await pool.close_pool()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def path(database_url: str) -> str:
+    return f"store/{time.time_ns()}"
+
+
+async def create(path: str, content_type: str = TEXT, **kwargs: Any) -> Any:
+    request = CreateRequest(
+        path=path,
+        content_type=content_type,
+        ttl_seconds=kwargs.pop("ttl_seconds", None),
+        expires_at=None,
+        closed=kwargs.pop("closed", False),
+        messages=kwargs.pop("messages", []),
+        **kwargs,
+    )
+    return await writes.create_stream(request, max_stream_bytes=kwargs.get("max", MAX))
+
+
+def append(
+    path: str,
+    data: bytes = b"x",
+    *,
+    producer: tuple[str, int, int] | None = None,
+    media: str | None = TEXT,
+    close: bool = False,
+    stream_seq: str | None = None,
+    validation_version: int | None = None,
+) -> AppendRequest:
+    request = AppendRequest(
+        path=path,
+        media_type=media if data else None,
+        messages=[data] if data else [],
+        close=close,
+        producer=ProducerTuple(*producer) if producer else None,
+        stream_seq=stream_seq,
+    )
+    request.validation_version = validation_version
+    return request
+
+
+async def batch(
+    path: str, *requests: AppendRequest, max_bytes: int = MAX
+) -> list[AppendResult | ProtocolError]:
+    return await writes.append_batch(path, list(requests), max_stream_bytes=max_bytes)
+
+
+async def content(path: str) -> bytes:
+    meta = await reads.stream_meta(path, touch=False)
+    if meta.tail.seq == 0:
+        return b""
+    return (await reads.read_range(meta, Offset(0, 0), MAX, 1 << 20)).payload
+
+
+def expect(result: Any, error: type[ProtocolError], status: int, **headers: str) -> None:
+    assert type(result) is error, result
+    assert result.status == status
+    for name, value in headers.items():
+        assert result.headers[name.replace("_", "-")] == value, result.headers
+
+
+# -- create -----------------------------------------------------------------------------------
+
+
+def test_create_outcomes(path: str) -> None:
+    async def scenario() -> None:
+        made = await create(path, messages=[b"ab"])
+        assert made.created and made.tail == Offset(1, 2)
+        again = await create(path, messages=[b"ab"])
+        assert not again.created and again.stream_id == made.stream_id  # exists
+        with pytest.raises(Conflict) as conflict:  # conflict
+            await create(path, content_type="application/json")
+        assert conflict.value.status == 409
+        fork = ForkSpec(source_path=f"{path}-missing", offset=None)
+        with pytest.raises(NotFound):  # source_not_found
+            await create(f"{path}-fork0", fork=fork)
+        fork = ForkSpec(source_path=path, offset=None)
+        with pytest.raises(Conflict):  # content_type_mismatch
+            await create(f"{path}-fork1", content_type="application/json", fork=fork)
+        with pytest.raises(BadRequest):  # fork_offset_invalid
+            await create(f"{path}-fork2", fork=ForkSpec(path, Offset(0, 1)))
+        with pytest.raises(BadRequest):  # sub_offset_invalid
+            await create(f"{path}-fork3", fork=ForkSpec(path, Offset(0, 0), sub_offset=3))
+        with pytest.raises(PayloadTooLarge):  # too_large
+            await writes.create_stream(
+                CreateRequest(f"{path}-big", TEXT, None, None, False, [b"x" * 10]),
+                max_stream_bytes=5,
+            )
+        forked = await create(f"{path}-fork", content_type=None, fork=fork)
+        assert forked.created and forked.tail == Offset(1, 2)
+        assert await writes.delete_stream(path) is DeleteOutcome.SOFT_DELETED
+        with pytest.raises(Conflict):  # source_gone
+            await create(f"{path}-fork4", content_type=None, fork=fork)
+
+    run(scenario)
+
+
+def test_delete_outcomes(path: str) -> None:
+    async def scenario() -> None:
+        await create(path)
+        assert await writes.delete_stream(path) is DeleteOutcome.DELETED
+        with pytest.raises(NotFound):
+            await writes.delete_stream(path)
+        await create(path)
+        await create(f"{path}-fork", content_type=None, fork=ForkSpec(path, None))
+        assert await writes.delete_stream(path) is DeleteOutcome.SOFT_DELETED
+        with pytest.raises(Gone):
+            await writes.delete_stream(path)
+
+    run(scenario)
+
+
+# -- append: one test per outcome ---------------------------------------------------------------
+
+
+def test_appended_and_duplicate(path: str) -> None:
+    async def scenario() -> None:
+        await create(path)
+        (first,) = await batch(path, append(path, b"a", producer=("p", 0, 0)))
+        assert isinstance(first, AppendResult) and not first.duplicate
+        assert first.next_offset == Offset(1, 1) and first.producer_seq == 0
+        (again,) = await batch(path, append(path, b"a", producer=("p", 0, 0)))
+        assert isinstance(again, AppendResult) and again.duplicate
+        assert again.next_offset == Offset(1, 1)
+        assert await content(path) == b"a"
+
+    run(scenario)
+
+
+def test_not_found_and_gone(path: str) -> None:
+    async def scenario() -> None:
+        (missing,) = await batch(path, append(path))
+        expect(missing, NotFound, 404)
+        await create(path)
+        await create(f"{path}-fork", content_type=None, fork=ForkSpec(path, None))
+        await writes.delete_stream(path)
+        (gone,) = await batch(path, append(path))
+        expect(gone, Gone, 410)
+
+    run(scenario)
+
+
+def test_producer_outcomes(path: str) -> None:
+    """Canonical order (STYLE.md): epoch 403 -> duplicate 204 -> closed 409 -> gap 409."""
+
+    async def scenario() -> None:
+        await create(path)
+        await batch(path, append(path, producer=("p", 1, 0)))
+        (stale,) = await batch(path, append(path, producer=("p", 0, 5)))
+        expect(stale, Forbidden, 403, Producer_Epoch="1")
+        (not_zero,) = await batch(path, append(path, producer=("p", 2, 3)))
+        expect(not_zero, BadRequest, 400)
+        (gap,) = await batch(path, append(path, producer=("p", 1, 4)))
+        expect(gap, Conflict, 409, Producer_Expected_Seq="1", Producer_Received_Seq="4")
+        (new_gap,) = await batch(path, append(path, producer=("q", 0, 2)))
+        expect(new_gap, Conflict, 409, Producer_Expected_Seq="0", Producer_Received_Seq="2")
+        assert await content(path) == b"x"
+
+    run(scenario)
+
+
+def test_closed_outcomes(path: str) -> None:
+    async def scenario() -> None:
+        await create(path)
+        (closing,) = await batch(path, append(path, b"last", close=True, producer=("p", 0, 0)))
+        assert isinstance(closing, AppendResult) and closing.closed
+        (closed,) = await batch(path, append(path))
+        expect(
+            closed, StreamClosed, 409, Stream_Closed="true", Stream_Next_Offset=str(Offset(1, 4))
+        )
+        (again,) = await batch(path, append(path, b"", close=True))
+        assert isinstance(again, AppendResult) and not again.duplicate  # already_closed
+        (retry,) = await batch(path, append(path, b"last", close=True, producer=("p", 0, 0)))
+        assert isinstance(retry, AppendResult) and retry.duplicate
+
+    run(scenario)
+
+
+def test_content_type_stream_seq_size_and_validation(path: str) -> None:
+    async def scenario() -> None:
+        await create(path)
+        (mismatch,) = await batch(path, append(path, media="application/json"))
+        expect(mismatch, Conflict, 409)
+        await batch(path, append(path, stream_seq="b"))
+        (regression,) = await batch(path, append(path, stream_seq="a"))
+        expect(regression, Conflict, 409)
+        (too_large,) = await batch(path, append(path, b"x" * 100), max_bytes=50)
+        expect(too_large, PayloadTooLarge, 413)
+        (stale,) = await batch(path, append(path, validation_version=7))
+        expect(stale, ValidationStale, 503)
+        assert await content(path) == b"x"
+
+    run(scenario)
+
+
+# -- mixed batches ------------------------------------------------------------------------------
+
+
+def test_mixed_batch_judges_each_request_alone(path: str) -> None:
+    """One batch: good, duplicate, gap, stale epoch, wrong type, good. Each gets the verdict it
+    would get alone, in order; only the good ones are stored, contiguously."""
+
+    async def scenario() -> None:
+        await create(path)
+        await batch(path, append(path, b"0", producer=("p", 1, 0)))
+        results = await batch(
+            path,
+            append(path, b"1", producer=("p", 1, 1)),
+            append(path, b"1", producer=("p", 1, 1)),  # duplicate of the request before it
+            append(path, b"2", producer=("p", 1, 9)),  # gap
+            append(path, b"3", producer=("p", 0, 0)),  # stale epoch
+            append(path, b"4", media="application/json"),  # wrong content type
+            append(path, b"5", producer=("p", 1, 2)),
+        )
+        good, duplicate, gap, stale, mismatch, last = results
+        assert isinstance(good, AppendResult) and good.next_offset == Offset(2, 2)
+        assert isinstance(duplicate, AppendResult) and duplicate.duplicate
+        expect(gap, Conflict, 409, Producer_Expected_Seq="2")
+        expect(stale, Forbidden, 403)
+        expect(mismatch, Conflict, 409)
+        assert isinstance(last, AppendResult) and last.next_offset == Offset(3, 3)
+        assert await content(path) == b"015"
+
+    run(scenario)
+
+
+def test_a_request_the_store_cannot_keep_fails_alone(path: str) -> None:
+    """A request that makes the batch's statement fail (an index row over PostgreSQL's limit;
+    the HTTP layer bounds Producer-Id, the store must not rely on it) fails with a 4xx of its
+    own; the other requests of the batch are stored, once, in order (issue 8, defect 1)."""
+
+    async def scenario() -> list[Any]:
+        await create(path)
+        requests = [
+            append(path, b"a"),
+            append(path, b"b", producer=(secrets.token_urlsafe(6000), 0, 0)),
+            append(path, b"c", producer=("q", 0, 0)),
+        ]
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_task(group_commit.append(r)) for r in requests]
+        return [*(await asyncio.gather(*futures, return_exceptions=True)), await content(path)]
+
+    first, bad, third, stored = run(scenario)
+    assert isinstance(first, AppendResult) and isinstance(third, AppendResult)
+    assert isinstance(bad, ProtocolError) and 400 <= bad.status < 500, bad
+    assert stored == b"ac"
+
+
+def test_outcome_types_match_the_database(pg: Any) -> None:
+    """The database's ENUM types hold exactly the outcomes Python maps."""
+    for type_name, outcomes in SQL_TYPES.items():
+        labels = pg.execute(f"SELECT enum_range(NULL::{type_name})::text[]").fetchone()[0]
+        assert labels == [outcome.value for outcome in outcomes], type_name
+
+
+Scenario = Callable[[], Awaitable[None]]
