@@ -10,6 +10,9 @@ JS_STAMP := $(JS_DIR)/node_modules/.installed
 
 .PHONY: setup test-setup run serve test lint format bench db db-stop clean
 
+# What mypy checks (configured in pyproject.toml).
+TYPED := durable_project streams state yjs spark access
+
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).
 setup: $(PY_STAMP) .env
@@ -53,9 +56,11 @@ serve: setup .secret-key
 test: test-setup
 	$(PY) -m pytest
 
+## Lint, formatting and types: what CI checks before the tests.
 lint: $(PY_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy $(TYPED)
 
 format: $(PY_STAMP)
 	$(VENV)/bin/ruff check --fix .

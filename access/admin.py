@@ -20,12 +20,12 @@ class GrantInline(admin.TabularInline):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(APIKeyModelAdmin):
-    list_display = [
+    list_display = (
         "prefix", "name", "owner", "created", "expiry_date", "_has_expired", "revoked",
         "rate_limit", "grant_list",
-    ]  # fmt: skip
-    list_filter = ["revoked", "created"]
-    search_fields = ["name", "prefix", "owner__username"]
+    )  # type: ignore[assignment]  # fmt: skip
+    list_filter = ("revoked", "created")  # type: ignore[assignment]
+    search_fields = ("name", "prefix", "owner__username")  # type: ignore[assignment]
     inlines = [GrantInline]
 
     @admin.display(description="grants")

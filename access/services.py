@@ -25,9 +25,11 @@ def create_key(
 ) -> tuple[ApiKey, str]:
     """A new key and its plaintext (shown once: only its hash is stored)."""
     user = get_user_model().objects.get(username=owner) if owner else None
-    key, plaintext = ApiKey.objects.create_key(
+    created, plaintext = ApiKey.objects.create_key(
         name=name, owner=user, expiry_date=expires_at, rate_limit=rate_limit
     )
+    assert isinstance(created, ApiKey)
+    key = created
     for rule in grants:
         Grant.objects.create(
             key=key,

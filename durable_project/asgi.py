@@ -18,6 +18,8 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
 django_asgi_app = get_asgi_application()
 
+from typing import Any, cast
+
 from channels.routing import ProtocolTypeRouter, URLRouter
 from django.urls import re_path
 
@@ -27,15 +29,18 @@ from streams.http.health import health_app
 from streams.lifecycle import with_lifespan
 from yjs.http import yjs_app
 
+# Channels routes ASGI applications with Django's re_path, whose types expect views.
+route = cast(Any, re_path)
+
 application = with_lifespan(
     ProtocolTypeRouter(
         {
             "http": URLRouter(
                 [
-                    re_path(r"^v1/stream/", stream_app),
-                    re_path(r"^v1/yjs/", yjs_app),
-                    re_path(r"^(healthz|readyz)/?$", health_app),
-                    re_path(r"", guarded(django_asgi_app)),
+                    route(r"^v1/stream/", stream_app),
+                    route(r"^v1/yjs/", yjs_app),
+                    route(r"^(healthz|readyz)/?$", health_app),
+                    route(r"", guarded(django_asgi_app)),
                 ]
             ),
         }

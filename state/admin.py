@@ -37,7 +37,7 @@ class StateStreamAdmin(ReadOnlyAdmin):
         "created_at",
         "entities_link",
     ]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
 
     @admin.display(description="schemas for")
     def schema_types(self, obj: StateStream) -> str:
@@ -67,7 +67,7 @@ class StateStreamFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[EntityState]) -> QuerySet:
         if self.value():
-            return queryset.filter(stream_id=self.value())
+            return queryset.filter(stream_id=int(self.value() or 0))
         return queryset
 
 
@@ -97,7 +97,7 @@ class EntityStateAdmin(ReadOnlyAdmin):
     ordering = ["stream_id", "entity_type", "key"]
     show_full_result_count = False
     fields = ["stream", "entity_type", "key", "offset", "value_pretty"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
 
     @admin.display(description="value")
     def value_preview(self, obj: EntityState) -> str:

@@ -35,7 +35,7 @@ class _KnownCountPaginator(Paginator):
         self._known_count = known_count
 
     @property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         return self._known_count
 
 
@@ -46,10 +46,11 @@ class ExpiredFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("yes", "Expired"), ("no", "Live")]
 
-    def queryset(self, request: HttpRequest, queryset: StreamQuerySet) -> StreamQuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() not in ("yes", "no"):
             return queryset
-        return queryset.with_expired().filter(expired=self.value() == "yes")
+        assert isinstance(queryset, StreamQuerySet)
+        return queryset.with_expired().filter(expired=self.value() == "yes")  # type: ignore[misc]
 
 
 class ForkedFilter(admin.SimpleListFilter):

@@ -45,7 +45,7 @@ class StreamCatalog(generics.ListAPIView):
         streams = (
             Stream.objects.filter(deleted_at__isnull=True)
             .with_expired()
-            .filter(expired=False)
+            .filter(expired=False)  # type: ignore[misc]  # annotated by with_expired()
             .exclude(path__startswith=INTERNAL_PREFIX)
             .order_by("path")
         )

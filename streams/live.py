@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
+from psycopg.conninfo import make_conninfo
 
 from streams.protocol.offsets import Offset
 
@@ -290,9 +291,10 @@ class LiveHub:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    conninfo(url=settings.DS_LISTEN_DATABASE_URL),
+                    make_conninfo(
+                        conninfo(url=settings.DS_LISTEN_DATABASE_URL), **LISTEN_KEEPALIVES
+                    ),
                     autocommit=True,
-                    **LISTEN_KEEPALIVES,
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")

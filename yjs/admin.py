@@ -29,7 +29,7 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
     actions = ["compact_now"]
     fields = ["service", "path", "since_snapshot", "snapshot_offset", "snapshot_time",
               "compactions", "created_at", "content"]  # fmt: skip
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[YjsDocument]:
         # The list shows the snapshot's position and time, not its bytes (which can be

@@ -16,7 +16,7 @@ MAX_CHARS = 5000
 
 
 def _read(update: bytes, name: str, kind: type) -> Any:
-    doc = Doc()
+    doc: Doc[Any] = Doc()
     doc.apply_update(update)
     root = doc.get(name, type=kind)
     if kind is Map or kind is Array:
@@ -44,6 +44,6 @@ def describe(update: bytes) -> dict[str, str]:
 
 
 def _root_names(update: bytes) -> list[str]:
-    doc = Doc()
+    doc: Doc[Any] = Doc()
     doc.apply_update(update)
     return sorted(doc.keys())

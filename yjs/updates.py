@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pycrdt import Doc, get_update, merge_updates
 
 from streams.errors import BadRequest
@@ -37,7 +39,7 @@ def snapshot_of(updates: list[bytes]) -> bytes:
         merge_updates(*updates[i : i + MERGE_CHUNK]) if len(updates) - i > 1 else updates[i]
         for i in range(0, len(updates), MERGE_CHUNK)
     ]
-    doc = Doc()
+    doc: Doc[Any] = Doc()
     for chunk in chunks:
         doc.apply_update(chunk)
     state = doc.get_state()

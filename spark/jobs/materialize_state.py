@@ -115,11 +115,12 @@ def parse_partition(rows: Iterable[Any], schemas: dict[int, dict[str, Any]]) -> 
     parser, schema validation and storability check as the in-process materializer."""
     from state.core import ChangeEvent, ControlEvent
     from state.core.schemas import compile_schemas, judge
+    from streams.protocol.offsets import Offset
 
     validators = {stream_id: compile_schemas(by_type) for stream_id, by_type in schemas.items()}
     for row in rows:
         stream_id, seq, pos, data = row["owner"], row["seq"], row["pos"], bytes(row["data"])
-        offset = f"{seq:016d}_{pos:016d}"
+        offset = str(Offset(seq, pos))
         event, reason = judge(data, validators[stream_id])
         if event is None:
             yield (stream_id, seq, offset, "invalid", None, None, None, None, reason)

@@ -65,7 +65,7 @@ def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
             fast = jsonschema_rs.validator_for(schema)
         except (ValueError, jsonschema_rs.ValidationError) as exc:
             raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
-        compiled[entity_type] = SchemaValidator(schema, fast, explainer_class(schema))
+        compiled[entity_type] = SchemaValidator(schema, fast, explainer_class(schema))  # type: ignore[arg-type]
     return compiled
 
 

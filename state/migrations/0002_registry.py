@@ -44,6 +44,7 @@ SELECT id, '{}', nextval('ds_state_version'), next_seq, next_pos, 0, '', now()
   FROM ds_stream WHERE path = '__registry__'
 ON CONFLICT (stream_id) DO NOTHING;
 
+-- (Offsets written out here: this migration predates ds_offset, installed after migrations.)
 INSERT INTO ds_entity (stream_id, type, key, value, event_offset)
 SELECT m.stream_id, 'stream', e ->> 'key', e -> 'value',
        lpad(m.seq::text, 16, '0') || '_' || lpad(m.pos::text, 16, '0')

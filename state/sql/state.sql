@@ -53,7 +53,7 @@ BEGIN
 
     SELECT array_agg(l.t), array_agg(l.k), array_agg(l.op = 'delete'),
            array_agg(coalesce(l.v, 'null'::jsonb)),
-           array_agg(lpad(l.seq::text, 16, '0') || '_' || lpad(l.pos::text, 16, '0'))
+           array_agg(ds_offset(l.seq, l.pos))
       INTO v_types, v_keys, v_deleted, v_values, v_offsets
       FROM (
         SELECT DISTINCT ON (e ->> 'type', e ->> 'key')
@@ -215,8 +215,8 @@ BEGIN
             UPDATE ds_state_stream
                SET materialized_seq = m.seq + 1, materialized_pos = m.pos + m.size,
                    invalid_events = invalid_events + 1,
-                   last_error = 'event at offset ' || lpad(m.seq::text, 16, '0') || '_'
-                                || lpad(m.pos::text, 16, '0') || ': ' || SQLERRM
+                   last_error = 'event at offset ' || ds_offset(m.seq, m.pos) || ': '
+                                || SQLERRM
              WHERE stream_id = p_stream_id;
         END;
     END LOOP;

@@ -91,8 +91,8 @@ async def serve(
         except ProtocolError as error:
             response = None if started else render_error(error)
         except Exception as exc:  # noqa: BLE001 - the last line: one answer, never a crash
-            error = _unexpected(exc, method, scope.get("path", ""))
-            response = None if started else render_error(error)
+            unexpected = _unexpected(exc, method, scope.get("path", ""))
+            response = None if started else render_error(unexpected)
         if started:
             if response is None:
                 # A response that began (SSE) cannot be replaced by an error: it just ends.

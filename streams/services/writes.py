@@ -11,7 +11,7 @@ from django.conf import settings
 
 from access.grants import Operation, Principal, stream_resource
 from streams import extensions, live
-from streams.errors import BadRequest, Conflict, StreamClosed, ValidationStale
+from streams.errors import BadRequest, Conflict, ProtocolError, StreamClosed, ValidationStale
 from streams.protocol import headers as h
 from streams.protocol import json_mode
 from streams.protocol.headers import ProducerTuple
@@ -161,7 +161,7 @@ async def delete_stream(*, path: str, principal: Principal, resource: str | None
     await writes.delete_stream(path)
 
 
-def _publish(batch: list[AppendRequest], results: list[AppendResult | Exception]) -> None:
+def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
     """After a group-commit batch committed: wake this process's readers at once, handing
     watched streams' data to them (other processes hear the NOTIFY), and tell the append
     listeners about streams with extra rules (streams.extensions)."""

@@ -61,7 +61,7 @@ def conninfo(alias: str = "default", *, url: str | None = None) -> str:
         if isinstance(value, str | int):
             params[key] = value
     params.setdefault("application_name", "durable-streams")
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 async def _returned(conn: AsyncConnection) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from streams.protocol.offsets import Offset
 from tests.conftest import manage
 from tests.state.support import change, control, stream_id
 
@@ -76,7 +77,7 @@ def db_registration(pg: psycopg.Connection[Any], path: str) -> RegistrationRow:
     ).fetchone()
     assert row is not None, f"{path} is not registered"
     version, seq, pos, invalid, last_error = row
-    return RegistrationRow(version, f"{seq:016d}_{pos:016d}", invalid, last_error)
+    return RegistrationRow(version, str(Offset(seq, pos)), invalid, last_error)
 
 
 def staging_tables(pg: psycopg.Connection[Any]) -> list[str]:

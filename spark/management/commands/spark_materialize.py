@@ -153,14 +153,17 @@ def _session(master: str, jar: str, partitions: int) -> Any:
 
 
 def _code_archive() -> str:
-    """state/core and spark/jobs as a zip for the executors (their only imports)."""
+    """state/core, spark/jobs and the offset format as a zip for the executors (their only
+    imports)."""
     archive = Path(tempfile.mkdtemp(prefix="ds-spark-")) / "durable_streams_job.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         for package in ("state/core", "spark/jobs"):
             for path in (ROOT / package).glob("*.py"):
                 zf.write(path, f"{package}/{path.name}")
-        zf.writestr("state/__init__.py", "")
-        zf.writestr("spark/__init__.py", "")
+        for module in ("streams/errors.py", "streams/protocol/offsets.py"):
+            zf.write(ROOT / module, module)
+        for package in ("state", "spark", "streams", "streams/protocol"):
+            zf.writestr(f"{package}/__init__.py", "")
     return str(archive)
 
 

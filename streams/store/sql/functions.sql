@@ -8,6 +8,13 @@
 -- source of truth. Functions return outcome codes, never raise for client errors: the Python
 -- store maps outcomes to protocol errors in one place.
 
+-- An offset as clients see it: "{seq:016d}_{pos:016d}" (streams/protocol/offsets.py; the one
+-- formatter of the SQL side).
+CREATE OR REPLACE FUNCTION ds_offset(p_seq bigint, p_pos bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT lpad(p_seq::text, 16, '0') || '_' || lpad(p_pos::text, 16, '0')
+$$;
+
 -- The media type of a Content-Type: "Application/JSON; charset=utf-8" -> "application/json".
 -- Trims HTTP OWS, space and tab, exactly like media_type in streams/protocol/headers.py.
 CREATE OR REPLACE FUNCTION ds_media_type(p_content_type text) RETURNS text
