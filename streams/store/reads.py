@@ -25,12 +25,13 @@ _META_SQL = (
 # concatenated (joined with commas for JSON, so the body is that inside brackets), their count,
 # the first position (to check the read starts on a message boundary) and the end. Python
 # never touches a row: a catch-up of many tiny messages costs the event loop one value.
-# Bounded by bytes (``pos < limit``: always at least the first message) and by count.
+# Bounded by bytes (``pos < limit``: always at least the first message) and by count. The
+# casts matter: psycopg sends small Python ints as smallint, and smallint + smallint overflows.
 _RANGE_SELECT = (
     "SELECT count(*), min(seq), min(pos), max(seq), max(pos + octet_length(data)),"
     " string_agg(data, %(sep)s ORDER BY seq) FROM ds_message"
-    " WHERE stream_id = {stream} AND seq >= %(seq)s AND seq < {hi}"
-    " AND seq < %(seq)s + %(rows)s AND pos < %(limit)s"
+    " WHERE stream_id = {stream} AND seq >= %(seq)s::bigint AND seq < {hi}"
+    " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(limit)s::bigint"
 )
 _ROWS_SQL = _RANGE_SELECT.format(stream="%(id)s", hi="%(hi)s")
 # A live reader's re-read of a stream that is not a fork: its tail and the new messages in ONE
