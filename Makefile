@@ -8,7 +8,7 @@ JS_DIR := tests/js
 PY_STAMP := $(VENV)/.requirements-installed
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test lint format bench db db-stop clean
+.PHONY: setup test-setup run serve test test-faults lint format bench db db-stop clean
 
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).
@@ -52,6 +52,15 @@ serve: setup .secret-key
 
 test: test-setup
 	$(PY) -m pytest
+
+## The fault suite at full strength (docs/reliability.md): kill -9 cycles and PostgreSQL
+## restarts under load, a stalled LISTEN connection, SIGTERM, the database unreachable. It runs
+## a cluster of its own; `make test` includes a short version (2 kill cycles, 1 restart).
+FAULT_KILL_CYCLES ?= 20
+FAULT_PG_RESTARTS ?= 3
+test-faults: setup
+	FAULTS_KILL_CYCLES=$(FAULT_KILL_CYCLES) FAULTS_PG_RESTARTS=$(FAULT_PG_RESTARTS) \
+		$(PY) -m pytest tests/faults -m faults -v -s
 
 lint: $(PY_STAMP)
 	$(VENV)/bin/ruff check .
