@@ -51,6 +51,7 @@ class Attempt:
     status: int | None  # None: no HTTP answer (connection refused or reset, timeout)
     error: str | None = None
     retry_after: str | None = None
+    detail: str | None = None  # the error's message
 
     @property
     def seconds(self) -> float:
@@ -118,8 +119,10 @@ class Producer:
                     retry_after = response.headers.get("Retry-After")
                     answer = response.headers.copy()
             except (aiohttp.ClientError, TimeoutError) as exc:
+                ended = time.monotonic()
+                error = type(exc).__name__
                 attempts.append(
-                    Attempt("append", base, started, time.monotonic(), None, type(exc).__name__)
+                    Attempt("append", base, started, ended, None, error, None, str(exc))
                 )
                 await asyncio.sleep(min(0.02 * tries, 0.5))
                 continue
@@ -192,8 +195,9 @@ class SseReader:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.broken_ends += 1
                 error = type(exc).__name__
+                ended = time.monotonic()
                 attempts.append(
-                    Attempt("sse", self.base_url, started, time.monotonic(), status, error)
+                    Attempt("sse", self.base_url, started, ended, status, error, None, str(exc))
                 )
                 await asyncio.sleep(0.1)
                 continue
@@ -268,7 +272,9 @@ class Traffic:
         self._loop = asyncio.get_running_loop()
         self._stop_producers = asyncio.Event()
         self._stop_readers = asyncio.Event()
-        connector = aiohttp.TCPConnector(limit=0)
+        # Idle connections are dropped well before the server's keep-alive timeout (uvicorn's
+        # 5 s): reusing one the server is closing at that moment fails with no fault at all.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
         timeout = aiohttp.ClientTimeout(total=ATTEMPT_TIMEOUT)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             readers = [
