@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
 
 class _Link:
@@ -132,9 +133,11 @@ class StallingProxy:
 
         return self._call(count)
 
-    def _call(self, function: object) -> int:
+    def _call(self, function: Callable[[], int]) -> int:
+        """Run ``function`` on the proxy's loop (its links are the loop's alone)."""
+
         async def run() -> int:
-            return function()  # type: ignore[operator,no-any-return]
+            return function()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -133,7 +134,8 @@ def test_live_readers_get_new_data_when_the_listen_connection_stalls(
         proxy.stop()
 
 
-def wait_until(condition: Any, timeout: float) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` for up to ``timeout`` seconds; whether it became true."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
