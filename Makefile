@@ -8,7 +8,7 @@ JS_DIR := tests/js
 PY_STAMP := $(VENV)/.requirements-installed
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test lint format bench db db-stop clean
+.PHONY: setup test-setup run serve test test-faults lint format bench db db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
 TYPED := durable_project streams state yjs spark access
@@ -55,6 +55,15 @@ serve: setup .secret-key
 
 test: test-setup
 	$(PY) -m pytest
+
+## The fault suite at full strength (docs/reliability.md): kill -9 cycles and PostgreSQL
+## restarts under load, a stalled LISTEN connection, SIGTERM, the database unreachable. It runs
+## a cluster of its own; `make test` includes a short version (2 kill cycles, 1 restart).
+FAULT_KILL_CYCLES ?= 20
+FAULT_PG_RESTARTS ?= 3
+test-faults: setup
+	FAULTS_KILL_CYCLES=$(FAULT_KILL_CYCLES) FAULTS_PG_RESTARTS=$(FAULT_PG_RESTARTS) \
+		$(PY) -m pytest tests/faults -m faults -v -s
 
 ## Lint, formatting and types: what CI checks before the tests.
 lint: $(PY_STAMP)

@@ -109,6 +109,9 @@ DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
     "max_size": env.int("DS_DB__DJANGO_POOL_MAX_SIZE", default=4),
     "timeout": DS_DB_ACQUIRE_TIMEOUT_SECS,
     "max_idle": 60,
+    # Give up a reconnection after 5 s, so the next request starts over at once once the
+    # database is back (streams/store/pool.py: RECONNECT_TIMEOUT_SECS).
+    "reconnect_timeout": 5,
 }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

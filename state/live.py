@@ -14,6 +14,7 @@ import logging
 
 from django.conf import settings
 
+from streams.errors import ServiceUnavailable
 from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
@@ -82,5 +83,7 @@ async def _sweep() -> None:
                 lagging = [row[0] for row in await cur.fetchall()]
             for stream_id in lagging:
                 schedule(stream_id)
+        except ServiceUnavailable:
+            logger.warning("state sweep skipped: the database is unavailable")
         except Exception:
             logger.exception("state sweep failed")

@@ -312,7 +312,7 @@ class LiveHub:
                 self._listening.clear()
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
 
     async def _receive(self, conn: psycopg.AsyncConnection, heartbeat: str) -> None:
         """Deliver notifications, and every ``DS_LISTEN_HEARTBEAT_SECS`` send one to this
@@ -328,11 +328,14 @@ class LiveHub:
             silent = time.monotonic() - self.last_heard
             if silent > 2 * interval:
                 raise ListenStalled(f"nothing heard for {silent:.1f}s")
-            try:
-                async with asyncio.timeout(interval):
-                    await conn.execute(f"NOTIFY {heartbeat}")
-            except TimeoutError:
-                raise ListenStalled("the heartbeat got no answer") from None
+            # Not cancelled on timeout: cancelling a query waits for the server's answer to the
+            # cancel request (5 s); the connection is closed instead, which ends it.
+            sent = asyncio.ensure_future(conn.execute(f"NOTIFY {heartbeat}"))
+            done, _ = await asyncio.wait({sent}, timeout=interval)
+            if not done:
+                sent.add_done_callback(lambda task: task.cancelled() or task.exception())
+                raise ListenStalled("the heartbeat got no answer")
+            sent.result()
 
 
 class ListenStalled(Exception):

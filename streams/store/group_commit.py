@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from streams.errors import ProtocolError
+from streams.errors import ProtocolError, ServiceUnavailable
 from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
 from streams.store.writes import append_batch
@@ -91,11 +91,14 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
         while queue.pending:
             batch = _take_batch(queue)
             requests = [request for request, _ in batch]
+            unreachable = None
             try:
                 results = await append_batch(
                     path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES
                 )
             except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
+                if isinstance(exc, ServiceUnavailable):
+                    unreachable = exc
                 results = await _after_failure(path, requests, exc)
             for listener in _listeners:
                 try:
@@ -103,16 +106,26 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                 except Exception:  # a listener's failure must not fail acknowledged appends
                     logger.exception("commit listener failed")
             for (_, future), result in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, ProtocolError):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+                _settle(future, result)
+            if unreachable is not None:
+                # The database is unreachable: what waits behind this batch would wait for
+                # a connection as long again, to the same answer.
+                for _, future in queue.pending:
+                    _settle(future, unreachable)
+                queue.pending.clear()
     finally:
         queue.running = False
         if _queues.get(path) is queue and not queue.pending:
             del _queues[path]
+
+
+def _settle(future: asyncio.Future[AppendResult], result: AppendResult | ProtocolError) -> None:
+    if future.done():
+        return
+    if isinstance(result, ProtocolError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 async def _after_failure(

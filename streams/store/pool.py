@@ -10,7 +10,10 @@ The database may be unreachable, or may have restarted under idle connections:
 * a connection that sat idle longer than ``IDLE_CHECK_SECS`` is checked (an empty query)
   before it is lent, so the connections a restart killed are replaced instead of failing the
   next requests; a busy connection is never checked, so the hot path pays nothing;
-* a connection that fails while lent is discarded by the pool, and the failure answers 503.
+* a connection that fails while lent is discarded by the pool, and the failure answers 503;
+* reconnection attempts back off for at most ``RECONNECT_TIMEOUT_SECS`` before starting over,
+  so the process serves again within seconds of the database's return, however long it was
+  away.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ logger = logging.getLogger(__name__)
 IDLE_CHECK_SECS = 1.0
 # What a 503 caused by the database asks clients to wait.
 RETRY_AFTER_SECS = 2
+# While the database is unreachable the pool retries connecting with a doubling backoff (1, 2,
+# 4... s) for as long as this, then gives up, and the next request that needs a connection
+# starts over at once. Without the bound (psycopg_pool's default is 300 s) the backoff grows
+# with the outage, and once the database is back the process goes on answering 503 until its
+# next attempt: after a 45 s outage, for up to 30 s more.
+RECONNECT_TIMEOUT_SECS = 5.0
 
 _pool: AsyncConnectionPool | None = None
 _pool_lock: asyncio.Lock | None = None
@@ -90,6 +99,7 @@ async def get_pool() -> AsyncConnectionPool:
                 open=False,
                 name="durable-streams",
                 timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
+                reconnect_timeout=RECONNECT_TIMEOUT_SECS,
                 check=_check_if_idle,
                 reset=_returned,
             )
