@@ -327,13 +327,16 @@ class LiveHub:
                     self._on_notify(notify.payload)
             silent = time.monotonic() - self.last_heard
             if silent > 2 * interval:
+                await conn.close()
                 raise ListenStalled(f"nothing heard for {silent:.1f}s")
             # Not cancelled on timeout: cancelling a query waits for the server's answer to the
-            # cancel request (5 s); the connection is closed instead, which ends it.
+            # cancel request (5 s). The connection is closed instead (close() takes no lock,
+            # unlike the rollback of leaving `async with conn` with an error), which ends it.
             sent = asyncio.ensure_future(conn.execute(f"NOTIFY {heartbeat}"))
             done, _ = await asyncio.wait({sent}, timeout=interval)
             if not done:
                 sent.add_done_callback(lambda task: task.cancelled() or task.exception())
+                await conn.close()
                 raise ListenStalled("the heartbeat got no answer")
             sent.result()
 

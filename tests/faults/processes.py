@@ -41,6 +41,8 @@ SERVER_ENV = {
     "DJANGO_SECRET_KEY": "fault-suite-secret-key-not-for-production",
     "DS_LOG_LEVEL": "WARNING",
     "PYTHONUNBUFFERED": "1",
+    # Access control is tested on its own (tests/access).
+    "DS_AUTH__MODE": "open",
 }
 DATABASE_NAME = "ds_faults"
 
