@@ -3,10 +3,11 @@
 ``/v1/stream/...`` and ``/v1/yjs/...`` go to the lean protocol endpoints (``streams.http.app``,
 ``yjs.http``), which do not pass through Django's request and middleware stack: measured
 here, that stack costs 5-10x the throughput of a bare ASGI app (DESIGN.md, Request path).
-``/healthz`` and ``/readyz`` are lean too (``streams.http.health``). Everything else (admin,
-REST API, pages) is served by Django's ASGI handler, behind a guard that bounds request bodies
-(``durable_project.guard``). The lifespan (``streams.lifecycle``) starts the process's
-background work and ends live readers at shutdown.
+``/healthz``, ``/readyz`` and ``/metrics`` are lean too (``streams.http.health``). Everything
+else (admin, REST API, pages) is served by Django's ASGI handler, behind a guard that bounds
+request bodies (``durable_project.guard``). Every route is observed the same way
+(``streams.http.observe``: a request id, metrics, one log line). The lifespan
+(``streams.lifecycle``) starts the process's background work and ends live readers at shutdown.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from durable_project.process import share_metrics_directory
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
+share_metrics_directory()
 django_asgi_app = get_asgi_application()
 
 from typing import Any, cast
@@ -25,24 +29,29 @@ from django.urls import re_path
 
 from durable_project.guard import guarded
 from streams.http.app import stream_app
-from streams.http.health import health_app
+from streams.http.health import health_app, metrics_app
+from streams.http.observe import django_route, observed
 from streams.lifecycle import with_lifespan
+from streams.tracing import traced
 from yjs.http import yjs_app
 
 # Channels routes ASGI applications with Django's re_path, whose types expect views.
 route = cast(Any, re_path)
 
 application = with_lifespan(
-    ProtocolTypeRouter(
-        {
-            "http": URLRouter(
-                [
-                    route(r"^v1/stream/", stream_app),
-                    route(r"^v1/yjs/", yjs_app),
-                    route(r"^(healthz|readyz)/?$", health_app),
-                    route(r"", guarded(django_asgi_app)),
-                ]
-            ),
-        }
+    traced(
+        ProtocolTypeRouter(
+            {
+                "http": URLRouter(
+                    [
+                        route(r"^v1/stream/", observed(stream_app, "stream")),
+                        route(r"^v1/yjs/", observed(yjs_app, "yjs")),
+                        route(r"^(healthz|readyz)/?$", observed(health_app, "probe")),
+                        route(r"^metrics/?$", observed(metrics_app, "metrics")),
+                        route(r"", observed(guarded(django_asgi_app), django_route)),
+                    ]
+                ),
+            }
+        )
     )
 )

@@ -135,14 +135,28 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "streams": {
-            "handlers": ["console"],
-            "level": env("DS_LOG_LEVEL", default="INFO"),
+    "filters": {"request_id": {"()": "durable_project.logs.RequestIdFilter"}},
+    "formatters": {
+        "text": {"()": "durable_project.logs.TextFormatter"},
+        "json": {"()": "durable_project.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": env.str("DS_LOG__FORMAT", default="text"),
+            "filters": ["request_id"],
         },
     },
+    "loggers": {
+        name: {
+            "handlers": ["console"],
+            "level": env("DS_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        }
+        for name in ("streams", "state", "yjs", "spark", "access", "durable_project", "ds")
+    }
+    # Errors of Django-served URLs (500s of the admin and the REST API), with their traceback.
+    | {"django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False}},
 }
 
 # --- Durable Streams (names follow the peer server's DS_SECTION__NAME convention) -------------
@@ -203,6 +217,15 @@ DS_AUTH_JWT_ISSUER = env.str("DS_AUTH__JWT_ISSUER", default="")
 DS_AUTH_JWT_AUDIENCE = env.str("DS_AUTH__JWT_AUDIENCE", default="")
 DS_AUTH_JWT_ALGORITHMS = env.list("DS_AUTH__JWT_ALGORITHMS", default=["RS256", "ES256", "EdDSA"])
 DS_AUTH_JWT_GRANTS_CLAIM = env.str("DS_AUTH__JWT_GRANTS_CLAIM", default="ds_grants")
+
+# --- Observability ---------------------------------------------------------------------------
+
+# Prometheus metrics at /metrics (streams.metrics); reading them needs the "metrics" grant
+# (read) in keys mode.
+DS_METRICS_ENABLED = env.bool("DS_METRICS__ENABLED", default=True)
+# One log line per request (logger "ds.request"); DS_LOG__FORMAT ("text" or "json") is read
+# by LOGGING above.
+DS_LOG_REQUESTS = env.bool("DS_LOG__REQUESTS", default=True)
 
 # --- Yjs documents (YJS-PROTOCOL.md) -------------------------------------------------------
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from django.conf import settings
 
+from streams import metrics
 from streams.errors import ServiceUnavailable
 from streams.store.pool import connection
 
@@ -23,6 +25,8 @@ logger = logging.getLogger(__name__)
 CHUNK = 20_000
 
 _running: dict[int, asyncio.Task[None]] = {}
+# When each stream first had appends not yet materialized (for ds_state_materialization_lag).
+_behind_since: dict[int, float] = {}
 _again: set[int] = set()
 _sweeper: asyncio.Task[None] | None = None
 
@@ -30,6 +34,7 @@ _sweeper: asyncio.Task[None] | None = None
 def schedule(stream_id: int) -> None:
     """Materialize ``stream_id`` soon (an append listener; runs in the event loop)."""
     ensure_sweeper()
+    _behind_since.setdefault(stream_id, time.monotonic())
     if stream_id in _running:
         _again.add(stream_id)
         return
@@ -54,7 +59,10 @@ async def _run(stream_id: int) -> None:
     try:
         while True:
             _again.discard(stream_id)
+            behind_since = _behind_since.pop(stream_id, None)
             await catch_up(stream_id)
+            if behind_since is not None:
+                metrics.STATE_LAG.observe(time.monotonic() - behind_since)
             if stream_id not in _again:
                 return
     except Exception:  # the sweep retries; never let one stream's failure spread

@@ -20,24 +20,51 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
 from psycopg_pool import PoolTimeout
 
+from streams import metrics
 from streams.live import hub
 from streams.store import maintenance
-from streams.store.pool import close_pool, get_pool
+from streams.store.pool import close_pool, count_connections, get_pool
 from streams.store.schema import SchemaMismatch, verify_installed
 
 logger = logging.getLogger(__name__)
 
 Starter = Callable[[], None]
+# The pool's gauges are refreshed this often (seconds).
+POOL_GAUGE_SECS = 5.0
 Stopper = Callable[[], Any]
 
-_starters: list[Starter] = [maintenance.ensure_started]
-_stoppers: list[Stopper] = [maintenance.stop]
+_starters: list[Starter] = []
+# Tasks of this module's own (periodic work, the late schema check), cancelled at shutdown.
+_background: set[asyncio.Task[None]] = set()
+_stoppers: list[Stopper] = [metrics.forget_process]
+
+
+def _periodic(name: str, interval: float, work: Callable[[], Awaitable[Any]]) -> Starter:
+    """A starter of a background task running ``work`` every ``interval`` seconds."""
+    task: asyncio.Task[None] | None = None
+
+    async def forever() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await work()
+            except Exception:
+                logger.exception("%s failed", name)
+
+    def start() -> None:
+        nonlocal task
+        if interval > 0 and (task is None or task.done()):
+            task = asyncio.get_running_loop().create_task(forever(), name=name)
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    return start
 
 
 def on_startup(start: Starter, stop: Stopper | None = None) -> None:
@@ -46,6 +73,14 @@ def on_startup(start: Starter, stop: Stopper | None = None) -> None:
     _starters.append(start)
     if stop is not None:
         _stoppers.append(stop)
+
+
+async def _count_pool() -> None:
+    count_connections()
+
+
+on_startup(maintenance.ensure_started, maintenance.stop)
+on_startup(_periodic("ds-pool-gauges", POOL_GAUGE_SECS, _count_pool))
 
 
 def ensure_started() -> None:
@@ -66,9 +101,6 @@ async def startup() -> None:
     ensure_started()
     _end_readers_on_signals()
     logger.info("server process started")
-
-
-_background: set[asyncio.Task[None]] = set()
 
 
 async def _verify_schema(*, timeout: float) -> None:
@@ -98,6 +130,8 @@ def begin_shutdown() -> None:
 
 async def shutdown() -> None:
     begin_shutdown()
+    for task in _background:
+        task.cancel()
     for stop in _stoppers:
         with contextlib.suppress(Exception):
             result = stop()

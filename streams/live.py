@@ -31,6 +31,7 @@ import psycopg
 from django.conf import settings
 from psycopg.conninfo import make_conninfo
 
+from streams import metrics
 from streams.protocol.offsets import Offset
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,9 @@ class LiveHub:
         self._reconnect_hooks: list[Callable[[], None]] = []
         # When this process last heard from its LISTEN connection (monotonic seconds).
         self.last_heard = 0.0
+        # Local commits and their notifications, matched to measure notification lag:
+        # (stream id, next seq) -> (which came first: "c"ommit or "n"otify, when).
+        self._lag_marks: dict[tuple[int, int], tuple[str, float]] = {}
 
     @contextlib.asynccontextmanager
     async def subscribe(self, stream_id: int) -> AsyncIterator[Subscription]:
@@ -135,6 +139,7 @@ class LiveHub:
         """A local commit: keep its data for local readers, then wake them."""
         for entry in appended:
             self._remember(stream_id, entry)
+        self._mark_lag((stream_id, next_seq), "c")
         self._changed(stream_id, next_seq, "c" if closed else "o")
 
     def close_readers(self) -> None:
@@ -222,6 +227,18 @@ class LiveHub:
         for subscription in subscribers:
             subscription.wake()
 
+    def _mark_lag(self, key: tuple[int, int], side: str) -> None:
+        """A local commit ("c") or the notification of one ("n"): once both are seen, the
+        time between them is the notification's lag (0 when the notification came first)."""
+        now = time.monotonic()
+        other = self._lag_marks.pop(key, None)
+        if other is None:
+            if len(self._lag_marks) >= 10_000:
+                self._lag_marks.clear()  # notifications lost: start over
+            self._lag_marks[key] = (side, now)
+        elif other[0] != side:
+            metrics.NOTIFY_LAG.observe(now - other[1] if side == "n" else 0.0)
+
     def _wake_all(self) -> None:
         # Notifications may have been missed: what is kept can no longer be known complete.
         self._seen.clear()
@@ -254,6 +271,8 @@ class LiveHub:
                 self._recent.pop(stream_id, None)
             elif len(parts) == 7 and self._wants(stream_id, int(parts[3])):
                 self._remember(stream_id, _notified(parts[3:], closed=state == "c"))
+            if (stream_id, next_seq) in self._lag_marks:
+                self._mark_lag((stream_id, next_seq), "n")
         except (ValueError, IndexError, binascii.Error):
             logger.warning("ignoring malformed notification %r", payload[:200])
             return
@@ -310,6 +329,8 @@ class LiveHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 self._listening.clear()
+                stalled = isinstance(exc, ListenStalled)
+                metrics.LISTEN_RECONNECTS.labels("stalled" if stalled else "error").inc()
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

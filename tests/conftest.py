@@ -103,7 +103,14 @@ def free_port() -> int:
 class ServerProcess:
     """One server process: ``base_url`` is ``http://127.0.0.1:<port>``."""
 
-    def __init__(self, url: str, env: dict[str, str | None], log_path: Path, kind: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        env: dict[str, str | None],
+        log_path: Path,
+        kind: str,
+        workers: int = 1,
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -115,6 +122,7 @@ class ServerProcess:
                 sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                *(["--workers", str(workers)] if workers > 1 else []),
             ]  # fmt: skip
         elif kind == "runserver":
             argv = [
@@ -207,8 +215,11 @@ def start_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) ->
     started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")
 
-    def start(env: dict[str, str | None] | None = None, kind: str = "uvicorn") -> ServerProcess:
-        server = ServerProcess(database_url, env or {}, logs / f"server-{len(started)}.log", kind)
+    def start(
+        env: dict[str, str | None] | None = None, kind: str = "uvicorn", workers: int = 1
+    ) -> ServerProcess:
+        log = logs / f"server-{len(started)}.log"
+        server = ServerProcess(database_url, env or {}, log, kind, workers)
         started.append(server)
         return server
 

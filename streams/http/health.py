@@ -1,4 +1,4 @@
-"""Probes for load balancers and orchestrators, served without Django.
+"""Probes for load balancers and orchestrators, and metrics, served without Django.
 
 * ``/healthz`` (liveness): the process answers. It touches no database, so a database outage
   never gets healthy processes restarted.
@@ -6,6 +6,8 @@
   answers), ``pool`` (this process can borrow a pooled connection), ``listen`` (the LISTEN
   connection of live delivery is up and heard from recently). 200 when all are ``ok``, else
   503 naming the failing parts.
+* ``/metrics``: Prometheus metrics of every worker of this server (``streams.metrics``); in
+  ``keys`` mode it needs credentials with ``read`` on the resource ``metrics``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from typing import Any
 import psycopg
 from django.conf import settings
 
+from access.auth import authenticate
+from access.grants import Operation
+from streams import metrics
+from streams.errors import ProtocolError
 from streams.http.request import Receive, Scope, Send
-from streams.http.responses import Response, send_response
+from streams.http.responses import Response, error_response, send_response
 from streams.live import hub
 from streams.store.pool import conninfo, get_pool
 
 PROBE_TIMEOUT_SECS = 2.0
+# The resource a grant names to read the metrics (access.grants).
+METRICS_RESOURCE = "metrics"
 
 
 async def health_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,3 +90,21 @@ async def _listen() -> str:
     if silent > 3 * settings.DS_LISTEN_HEARTBEAT_SECS:
         return f"failing: nothing heard for {silent:.0f}s"
     return "ok"
+
+
+async def metrics_app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    headers = dict(scope.get("headers", []))
+    authorization = headers.get(b"authorization")
+    try:
+        principal = await authenticate(
+            authorization.decode("latin-1") if authorization is not None else None, {}
+        )
+        principal.require(METRICS_RESOURCE, Operation.READ)
+    except ProtocolError as error:
+        await send_response(send, error_response(error), None)
+        return
+    body, content_type = await asyncio.to_thread(metrics.exposition)
+    response = Response(200, {"Content-Type": content_type, "Cache-Control": "no-store"}, body)
+    await send_response(send, response, None, head=scope["method"] == "HEAD")

@@ -56,7 +56,7 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
         start=_start(request),
         resource=request.resource,
     )
-    async with services.subscribe(meta.id) as subscription:
+    async with services.subscribe(meta.id) as subscription, services.live_reader("sse"):
         # The first read happens before the response starts, so a bad offset is still a 400.
         subscription.arm()
         meta, first = await services.first_read(meta, offset)

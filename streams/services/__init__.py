@@ -15,6 +15,7 @@ Other apps (Yjs, state) call these functions, never a handler's internals.
 
 from streams.services.reads import (
     first_read,
+    live_reader,
     long_poll,
     next_read,
     open_live,
@@ -29,6 +30,7 @@ __all__ = [
     "create_stream",
     "delete_stream",
     "first_read",
+    "live_reader",
     "long_poll",
     "next_read",
     "open_live",

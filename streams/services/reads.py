@@ -7,12 +7,15 @@ connection.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from django.conf import settings
 
 from access.grants import Operation, Principal, stream_resource
+from streams import metrics
 from streams.live import hub
 from streams.protocol.offsets import Offset, ReadStart
 from streams.store import reads
@@ -40,6 +43,7 @@ async def read(
     result = await reads.read_range(
         meta, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
     )
+    metrics.CATCH_UP_BYTES.inc(len(result.payload))
     return meta, result
 
 
@@ -88,7 +92,7 @@ async def long_poll(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadR
     or None when the wait ended without any (timeout, the stream closed at the reader's
     offset, or the process shutting down)."""
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
-    async with hub.subscribe(meta.id) as subscription:
+    async with hub.subscribe(meta.id) as subscription, live_reader("long-poll"):
         subscription.arm()
         meta, result = await first_read(meta, offset)
         while True:
@@ -105,3 +109,14 @@ async def long_poll(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadR
 
 # For readers that loop themselves (SSE): ``async with subscribe(stream_id) as subscription``.
 subscribe = hub.subscribe
+
+
+@contextlib.asynccontextmanager
+async def live_reader(mode: str) -> AsyncIterator[None]:
+    """Count a live reader (``ds_live_readers``) while it waits or streams."""
+    gauge = metrics.LIVE_READERS.labels(mode)
+    gauge.inc()
+    try:
+        yield
+    finally:
+        gauge.dec()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from streams import metrics
 from streams.errors import ProtocolError, ServiceUnavailable
 from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
@@ -54,6 +56,7 @@ _writers: set[asyncio.Task[None]] = set()
 
 async def append(request: AppendRequest) -> AppendResult:
     """Append through the stream's queue; returns after commit or raises the request's error."""
+    started = time.perf_counter()
     loop = asyncio.get_running_loop()
     future: asyncio.Future[AppendResult] = loop.create_future()
     # If the client leaves, nobody awaits the outcome: mark it retrieved to keep logs quiet.
@@ -69,7 +72,9 @@ async def append(request: AppendRequest) -> AppendResult:
         writer = loop.create_task(_drain(request.path, queue))
         _writers.add(writer)
         writer.add_done_callback(_writers.discard)
-    return await asyncio.shield(future)
+    result = await asyncio.shield(future)
+    metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+    return result
 
 
 def _take_batch(
@@ -105,6 +110,7 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
                     listener(requests, results)
                 except Exception:  # a listener's failure must not fail acknowledged appends
                     logger.exception("commit listener failed")
+            _count(requests, results)
             for (_, future), result in zip(batch, results, strict=True):
                 _settle(future, result)
             if unreachable is not None:
@@ -117,6 +123,21 @@ async def _drain(path: str, queue: _StreamQueue) -> None:
         queue.running = False
         if _queues.get(path) is queue and not queue.pending:
             del _queues[path]
+
+
+def _count(requests: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
+    metrics.BATCH_REQUESTS.observe(len(requests))
+    stored = 0
+    for request, result in zip(requests, results, strict=True):
+        if isinstance(result, ProtocolError):
+            metrics.APPENDS.labels(result.code.lower()).inc()
+        elif result.duplicate:
+            metrics.APPENDS.labels("duplicate").inc()
+        else:
+            metrics.APPENDS.labels("appended").inc()
+            stored += request.size
+    if stored:
+        metrics.APPEND_BYTES.inc(stored)
 
 
 def _settle(future: asyncio.Future[AppendResult], result: AppendResult | ProtocolError) -> None:

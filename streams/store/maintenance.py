@@ -12,6 +12,7 @@ import logging
 
 from django.conf import settings
 
+from streams import metrics
 from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ async def sweep_once() -> int:
         swept = row[0] if row else 0
         total += swept
         if swept < SWEEP_BATCH:
+            metrics.EXPIRY_SWEEPS.inc()
+            metrics.EXPIRED_STREAMS.inc(total)
             return total
 
 

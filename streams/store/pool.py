@@ -31,12 +31,15 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from streams import metrics
 from streams.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
 # A connection idle longer than this is checked before it is lent (one empty query).
 IDLE_CHECK_SECS = 1.0
+# Borrowing a connection that took longer than this counts as waiting for one (metrics).
+WAIT_SECS = 0.0005
 # What a 503 caused by the database asks clients to wait.
 RETRY_AFTER_SECS = 2
 # While the database is unreachable the pool retries connecting with a doubling backoff (1, 2,
@@ -111,6 +114,16 @@ async def get_pool() -> AsyncConnectionPool:
     return _pool
 
 
+def count_connections() -> None:
+    """Update the pool's gauges (``ds_db_pool_connections``)."""
+    if _pool is None:
+        return
+    stats = _pool.get_stats()
+    metrics.POOL_CONNECTIONS.labels("open").set(stats.get("pool_size", 0))
+    metrics.POOL_CONNECTIONS.labels("idle").set(stats.get("pool_available", 0))
+    metrics.POOL_CONNECTIONS.labels("waiting").set(stats.get("requests_waiting", 0))
+
+
 async def close_pool() -> None:
     global _pool
     if _pool is not None:
@@ -124,10 +137,16 @@ async def connection() -> AsyncIterator[AsyncConnection]:
     (no connection within the acquisition timeout, or the connection failing) is a 503 with
     Retry-After; errors the database reports about a statement pass through unchanged."""
     pool = await get_pool()
+    asked = time.perf_counter()
     try:
         async with pool.connection() as conn:
+            waited = time.perf_counter() - asked
+            if waited > WAIT_SECS:
+                metrics.POOL_WAITS.inc()
+                metrics.POOL_WAIT_SECONDS.observe(waited)
             yield conn
     except PoolTimeout:
+        metrics.POOL_TIMEOUTS.inc()
         raise ServiceUnavailable(
             "the database is unavailable; retry later", retry_after=RETRY_AFTER_SECS
         ) from None

@@ -1,0 +1,58 @@
+"""Log records of the project: a request id on every line, as text or JSON.
+
+The request id is the one the lean endpoints and the Django guard give each request
+(``streams.http.observe``): taken from ``X-Request-Id`` or generated, returned in the response,
+and kept in a context variable, so the lines of the work a request causes carry it too (tasks
+started by a request inherit it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextvars import ContextVar
+from datetime import UTC, datetime
+
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+
+# Attributes of a record that describe it, not the event; everything else given as `extra`
+# is the event's own field.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message", "asctime", "request_id",
+}  # fmt: skip
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request id, the event's fields
+    and, for errors, the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", "-"),
+        }
+        line.update((key, value) for key, value in record.__dict__.items() if key not in _STANDARD)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger [request id]: message key=value...``"""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = [f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD]
+        return f"{text} {' '.join(fields)}" if fields else text
