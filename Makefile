@@ -8,7 +8,7 @@ JS_DIR := tests/js
 PY_STAMP := $(VENV)/.requirements-installed
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test lint format bench db db-stop clean
+.PHONY: setup test-setup run serve test test-fuzz load-sse lint format bench db db-stop clean
 
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).
@@ -52,6 +52,22 @@ serve: setup .secret-key
 
 test: test-setup
 	$(PY) -m pytest
+
+## The fuzzers (tests/fuzz, docs/reliability.md) at full length: every fuzzer's example count
+## times FUZZ_SCALE, and the run fails under FUZZ_MIN_REQUESTS fuzz requests. `make test` runs
+## them at scale 1 (under a minute).
+FUZZ_SCALE ?= 8
+FUZZ_MIN_REQUESTS ?= 10000
+test-fuzz: setup
+	FUZZ_SCALE=$(FUZZ_SCALE) FUZZ_MIN_REQUESTS=$(FUZZ_MIN_REQUESTS) \
+		$(PY) -m pytest tests/fuzz -p no:cacheprovider -rxX
+
+## Idle SSE load check (bench/sse_idle_load.py): one server process, SSE_CONNECTIONS idle
+## readers held SSE_HOLD seconds, RSS and database transactions measured. A few minutes.
+SSE_CONNECTIONS ?= 10000
+SSE_HOLD ?= 60
+load-sse: setup
+	$(PY) bench/sse_idle_load.py --connections $(SSE_CONNECTIONS) --hold $(SSE_HOLD)
 
 lint: $(PY_STAMP)
 	$(VENV)/bin/ruff check .
