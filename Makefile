@@ -56,7 +56,7 @@ test: test-setup
 ## The fuzzers (tests/fuzz, docs/reliability.md) at full length: every fuzzer's example count
 ## times FUZZ_SCALE, and the run fails under FUZZ_MIN_REQUESTS fuzz requests. `make test` runs
 ## them at scale 1 (under a minute).
-FUZZ_SCALE ?= 8
+FUZZ_SCALE ?= 10
 FUZZ_MIN_REQUESTS ?= 10000
 test-fuzz: setup
 	FUZZ_SCALE=$(FUZZ_SCALE) FUZZ_MIN_REQUESTS=$(FUZZ_MIN_REQUESTS) \

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Any, ClassVar
 from urllib.parse import quote, urlencode
 
@@ -48,6 +49,20 @@ USER_SCHEMA = {
 
 def body_json(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+def canonical(value: Any) -> Any:
+    """A JSON value as a hashable whose numbers compare as JSON numbers (decimal values): the
+    state tables keep values as PostgreSQL jsonb, which writes -3.3e16 as -33000000000000000
+    and -0.0 as 0, the same numbers."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        number = Decimal(repr(value)).normalize()
+        return ("number", str(number if number != 0 else Decimal(0)))
+    if isinstance(value, list):
+        return ("array", tuple(canonical(item) for item in value))
+    return ("object", tuple(sorted((key, canonical(item)) for key, item in value.items())))
 
 
 # -- state events ------------------------------------------------------------------------------
@@ -108,22 +123,16 @@ class StateFuzz(RuleBasedStateMachine):
         registered = self.http.send("POST", "/v1/state/streams", JSON, body)
         assert registered.status == 201, (registered.status, registered.body)
 
-    def entities(self) -> set[tuple[str, str, str]]:
+    def entities(self) -> set[tuple[str, str, Any]]:
         query = urlencode({"stream": self.path, "page_size": 1000})
         reply = self.http.send("GET", f"/v1/state/entities?{query}", check=True)
         assert reply.status == 200, (reply.status, reply.body[:300])
         page = json.loads(reply.body)
         assert page["count"] == len(page["results"]), "more entities than one page"
-        return {
-            (item["type"], item["key"], json.dumps(item["value"], sort_keys=True))
-            for item in page["results"]
-        }
+        return {(item["type"], item["key"], canonical(item["value"])) for item in page["results"]}
 
-    def expected(self) -> set[tuple[str, str, str]]:
-        return {
-            (kind, key, json.dumps(value, sort_keys=True))
-            for kind, key, value in self.model.items()
-        }
+    def expected(self) -> set[tuple[str, str, Any]]:
+        return {(kind, key, canonical(value)) for kind, key, value in self.model.items()}
 
     def stream_tail(self) -> str | None:
         return self.http.send("HEAD", f"/v1/stream/{self.path}", check=True).header(
@@ -310,7 +319,9 @@ def test_rest_and_pages_fuzz(
     ):
         payload = payload.replace(sentinel.encode(), b"fuzz-api/other")
     reply = http.send(method, target, headers, payload)
-    if path in ("/healthz", "/readyz") and method in ("GET", "HEAD"):
+    # uvicorn's answer to what its HTTP parser cannot read: 400, and the connection closed.
+    unparsable = reply.status == 400 and reply.header("Connection") == "close"
+    if path in ("/healthz", "/readyz") and method in ("GET", "HEAD") and not unparsable:
         assert reply.status == 200, (reply.status, reply.body)
     assert _sentinel_state(http, sentinel) == api_sentinels["before"], (
         f"{method} {target} changed the sentinel stream or its state"

@@ -1,7 +1,8 @@
 """Server defects the fuzzers found and that are not fixed yet, each reproduced with the minimal
-input found, as a strict xfail: when the defect is fixed the test passes, pytest reports the
-XPASS as a failure, and the marker (with its entry in conftest.KNOWN_DEFECTS, which keeps the
-fuzzers' log check from failing on it meanwhile) is to be removed.
+input found, as an xfail. When one is fixed its test passes and pytest reports an XPASS (not
+strict: a fix is in progress on another branch, and landing it must not turn the suite red):
+then remove the marker, and the defect's entry in conftest.KNOWN_DEFECTS, which keeps the
+fuzzers' log check from failing on it meanwhile.
 
 All three are Yjs updates the server accepts (each decodes on its own, which is all
 ``yjs.updates.check_updates`` asks) that break the document later: compaction fails on them
@@ -70,7 +71,9 @@ def _compaction_failures(server: Any, since: int) -> list[str]:
     return [line for line in lines if "compaction of document" in line and "failed" in line]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="compaction misreads pending structs")
+@pytest.mark.xfail(
+    strict=False, raises=AssertionError, reason="compaction misreads pending structs"
+)
 def test_compaction_of_an_update_with_a_clock_gap(compacting: Any) -> None:
     since = len(compacting.log_path.read_text(errors="replace").splitlines())
     _document(compacting, [GAP_UPDATE], repeat=4)
@@ -78,7 +81,7 @@ def test_compaction_of_an_update_with_a_clock_gap(compacting: Any) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="compaction merges what Yrs cannot decode"
+    strict=False, raises=AssertionError, reason="compaction merges what Yrs cannot decode"
 )
 def test_compaction_of_updates_whose_merge_breaks(compacting: Any) -> None:
     since = len(compacting.log_path.read_text(errors="replace").splitlines())
@@ -87,7 +90,7 @@ def test_compaction_of_updates_whose_merge_breaks(compacting: Any) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, raises=RuntimeError, reason="an update that cannot be integrated is accepted"
+    strict=False, raises=RuntimeError, reason="an update that cannot be integrated is accepted"
 )
 def test_an_update_that_cannot_be_applied_is_refused(compacting: Any) -> None:
     url = f"{compacting.base_url}/v1/yjs/fuzz/docs/defect-{uuid.uuid4().hex[:10]}"
