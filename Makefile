@@ -8,7 +8,8 @@ JS_DIR := tests/js
 PY_STAMP := $(VENV)/.requirements-installed
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test test-faults lint format bench db db-stop clean
+.PHONY: setup test-setup run serve test test-faults test-fuzz load-sse lint format bench db \
+	db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
 TYPED := durable_project streams state yjs spark access
@@ -64,6 +65,22 @@ FAULT_PG_RESTARTS ?= 3
 test-faults: setup
 	FAULTS_KILL_CYCLES=$(FAULT_KILL_CYCLES) FAULTS_PG_RESTARTS=$(FAULT_PG_RESTARTS) \
 		$(PY) -m pytest tests/faults -m faults -v -s
+
+## The fuzzers (tests/fuzz, docs/reliability.md) at full length: every fuzzer's example count
+## times FUZZ_SCALE, and the run fails under FUZZ_MIN_REQUESTS fuzz requests. `make test` runs
+## them at scale 1 (under a minute).
+FUZZ_SCALE ?= 10
+FUZZ_MIN_REQUESTS ?= 10000
+test-fuzz: setup
+	FUZZ_SCALE=$(FUZZ_SCALE) FUZZ_MIN_REQUESTS=$(FUZZ_MIN_REQUESTS) \
+		$(PY) -m pytest tests/fuzz -p no:cacheprovider -rxX
+
+## Idle SSE load check (bench/sse_idle_load.py): one server process, SSE_CONNECTIONS idle
+## readers held SSE_HOLD seconds, RSS and database transactions measured. A few minutes.
+SSE_CONNECTIONS ?= 10000
+SSE_HOLD ?= 60
+load-sse: setup
+	$(PY) bench/sse_idle_load.py --connections $(SSE_CONNECTIONS) --hold $(SSE_HOLD)
 
 ## Lint, formatting and types: what CI checks before the tests.
 lint: $(PY_STAMP)
