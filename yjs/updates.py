@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pycrdt import Doc, get_update, merge_updates
+from bisect import bisect_right
+
+from pycrdt import Doc, Snapshot, get_update, merge_updates
 
 from streams.errors import BadRequest
 from yjs.framing import read_var_uint
@@ -42,46 +44,67 @@ def snapshot_of(updates: list[bytes]) -> bytes:
         doc.apply_update(chunk)
     state = doc.get_state()
     encoded = doc.get_update()
-    deleted = _delete_set(get_update(encoded, state))
+    # The Doc's own delete set, from its snapshot encoding (delete set, then state vector).
+    # Not from ``get_update(encoded, state)``: the Doc's update can hold structs its state
+    # vector does not cover (a client's structs after a gap in its clocks), and those would be
+    # read as a delete set.
+    deleted = _intervals(_delete_set(Snapshot.from_doc(doc).encode()))
     pending = []
     for chunk in chunks:
         rest = get_update(chunk, state)
-        if rest[:1] != b"\x00" or not _covers(deleted, _delete_set(rest)):
+        if rest[:1] != b"\x00" or not _covers(deleted, _delete_set(rest, 1)):
             pending.append(chunk)
     return merge_updates(encoded, *pending) if pending else encoded
 
 
 DeleteSet = dict[int, list[tuple[int, int]]]  # client -> [(clock, length)]
+Intervals = dict[int, tuple[list[int], list[int]]]  # client -> (starts, ends), disjoint, sorted
 
 
-def _delete_set(update: bytes) -> DeleteSet:
-    """The delete set of a v1 update that has no structs (``get_update(u, state)`` of integrated
-    content): after the zero struct count, per client: id, range count, (clock, length) pairs."""
-    index = 1
-    clients, index = read_var_uint(update, index)
+def _delete_set(data: bytes, index: int = 0) -> DeleteSet:
+    """The v1 delete set starting at ``data[index]`` (in an update: after its structs; in a
+    snapshot: first): per client: id, range count, (clock, length) pairs."""
+    clients, index = read_var_uint(data, index)
     result: DeleteSet = {}
     for _ in range(clients):
-        client, index = read_var_uint(update, index)
-        count, index = read_var_uint(update, index)
+        client, index = read_var_uint(data, index)
+        count, index = read_var_uint(data, index)
         ranges = result.setdefault(client, [])
         for _ in range(count):
-            clock, index = read_var_uint(update, index)
-            length, index = read_var_uint(update, index)
+            clock, index = read_var_uint(data, index)
+            length, index = read_var_uint(data, index)
             ranges.append((clock, length))
     return result
 
 
-def _covers(outer: DeleteSet, inner: DeleteSet) -> bool:
-    """Is every deleted range of ``inner`` inside the ranges of ``outer``?"""
+def _intervals(delete_set: DeleteSet) -> Intervals:
+    """Each client's deleted ranges as sorted, disjoint [start, end) intervals (adjacent and
+    overlapping ranges joined)."""
+    result: Intervals = {}
+    for client, ranges in delete_set.items():
+        starts: list[int] = []
+        ends: list[int] = []
+        for clock, length in sorted(ranges):
+            if length == 0:
+                continue
+            if starts and clock <= ends[-1]:
+                ends[-1] = max(ends[-1], clock + length)
+            else:
+                starts.append(clock)
+                ends.append(clock + length)
+        result[client] = (starts, ends)
+    return result
+
+
+def _covers(outer: Intervals, inner: DeleteSet) -> bool:
+    """Is every deleted range of ``inner`` inside the intervals of ``outer``? (A binary search
+    per range: a document's delete set can have many thousands of ranges.)"""
     for client, ranges in inner.items():
-        merged = sorted(outer.get(client, []))
+        starts, ends = outer.get(client, ([], []))
         for clock, length in ranges:
-            end = clock + length
-            for start, size in merged:
-                if start <= clock < start + size:
-                    clock = start + size
-                    if clock >= end:
-                        break
-            if clock < end:
+            if length == 0:
+                continue
+            at = bisect_right(starts, clock) - 1
+            if at < 0 or ends[at] < clock + length:
                 return False
     return True

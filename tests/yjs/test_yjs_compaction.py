@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from pycrdt import Doc, Text
 
 from tests.conftest import command_env, manage
 from tests.yjs.support import (
@@ -519,3 +520,39 @@ def test_compaction_keeps_updates_waiting_for_their_dependencies(
     replayed = content_of(*read_frames(read_all(http, url)[0]))
     assert replayed == ("hello world" if kind == "insert" else "")
     assert sync(http, url)[0] == replayed
+
+
+# -- Compaction of updates a Doc keeps at a gap in its client's clocks (8.2) ----------------------
+
+
+def test_update_after_a_gap_in_its_clients_clocks_is_compacted(
+    http: httpx.Client, url: str, database_url: str
+) -> None:
+    """8.2, 8.3: client 7's second update (typing into another root text at position 0: an
+    item without origin at clock 13) arrives before its first. The Doc holds it at clock 13
+    with nothing before it; compaction must still snapshot the document (it used to fail
+    reading the Doc's update as a delete set), and syncing from the snapshot once the first
+    update has arrived gives the same document as replaying the stream."""
+    writer = Writer(client_id=7)
+    first = writer.edit("hello world!!")  # clocks 0-12
+    title = writer.doc.get("title", type=Text)
+    title.insert(0, "T")
+    second = writer.updates[-1]
+    post_ok(http, url, frame(second))
+
+    result = compact_yjs(database_url, "--service", SERVICE, "--doc", path_of(url), "--force")
+    assert result.returncode == 0, result.stderr
+    assert discover(http, url).endswith("_snapshot")
+    post_ok(http, url, frame(first))
+
+    def both_texts(*updates: bytes) -> tuple[str, str]:
+        doc: Doc = Doc()
+        for update in updates:
+            doc.apply_update(update)
+        return str(doc.get("content", type=Text)), str(doc.get("title", type=Text))
+
+    replayed = both_texts(*read_frames(read_all(http, url)[0]))
+    assert replayed == ("hello world!!", "T")
+    token = discover(http, url)
+    snapshot, next_offset = read_snapshot(http, url, token)
+    assert both_texts(snapshot, *read_frames(read_all(http, url, next_offset)[0])) == replayed
