@@ -3,21 +3,68 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 from pycrdt import Doc, Snapshot, get_update, merge_updates
 
 from streams.errors import BadRequest
 from yjs.framing import read_var_uint
 
+T = TypeVar("T")
+
+
+class UnmergeableUpdates(Exception):
+    """pycrdt cannot merge these updates into a snapshot; the message is its error."""
+
+
+def _guarded(operation: Callable[[], T]) -> T:
+    """Run pycrdt work on client bytes; whatever it raises on them is UnmergeableUpdates.
+
+    Yrs reports some malformed input as errors (ValueError, RuntimeError), and some as Rust
+    panics, which reach Python as ``PanicException``, a BaseException (not an Exception).
+    MemoryError, KeyboardInterrupt and the like are not about the bytes and pass through."""
+    try:
+        return operation()
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise UnmergeableUpdates(f"{type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise UnmergeableUpdates(f"pycrdt panicked: {exc}") from exc
+
 
 def check_updates(updates: list[bytes]) -> None:
-    """BadRequest unless every update decodes as a Yjs update (v1 encoding). An update may
-    depend on others not seen here; only its encoding is checked."""
+    """BadRequest unless compaction can merge these updates (v1 encoding), judged with the
+    operations compaction performs: each update is decoded by ``merge_updates`` and goes
+    alone through ``snapshot_of``; several also go through it together (merged in chunks, as
+    compaction merges them). An update may depend on others not seen here: that is fine,
+    compaction keeps it pending.
+
+    The cost is a small pycrdt document per update (tens of microseconds) plus what merging
+    the bytes costs; callers bound the number of updates (MAX_UPDATES). Combinations with the
+    rest of the document are not checked (that would cost a compaction per POST): compaction
+    records a document they break (yjs.compaction)."""
     for index, update in enumerate(updates):
         try:
-            merge_updates(update)
-        except ValueError:
-            raise BadRequest(f"update {index} is not a valid Yjs update") from None
+            _guarded(partial(merge_updates, update))
+            snapshot_of([update])
+        except UnmergeableUpdates as exc:
+            raise BadRequest(f"update {index} is not a valid Yjs update ({exc})") from None
+    if len(updates) > 1:
+        try:
+            snapshot_of(updates)
+        except UnmergeableUpdates as exc:
+            raise BadRequest(f"the updates of this body do not merge together ({exc})") from None
+
+
+# At most this many updates in one POST: checking costs tens of microseconds per update, so
+# this bounds a body's check to a few seconds of a worker thread. Clients send far fewer (the
+# provider's producer sends a few per batch, and its initial state as one).
+MAX_UPDATES = 100_000
 
 
 # Yrs merges a few dozen updates quickly, but merging thousands at once grows superlinearly in
@@ -28,13 +75,32 @@ MERGE_CHUNK = 50
 
 def snapshot_of(updates: list[bytes]) -> bytes:
     """One update holding all of ``updates`` (a previous snapshot first, then the updates
-    since): the document's ``encodeStateAsUpdate``.
+    since): the document's ``encodeStateAsUpdate``. UnmergeableUpdates when pycrdt cannot
+    merge them (whatever it raised or panicked with).
 
     A Doc keeps waiting ("pending") what refers to something it has not seen yet: structs whose
     dependencies are missing, and deletions of items it does not have. ``encodeStateAsUpdate``
     leaves both out, so chunks with anything pending are merged back in (docs/decisions.md).
     Pending structs: what the Doc's state does not cover of a chunk has structs. Pending
-    deletions: the chunk deletes something outside the Doc's own delete set."""
+    deletions: the chunk deletes something outside the Doc's own delete set.
+
+    The snapshot is read back before it is returned: Yrs can write content it cannot decode
+    (an update with an unknown content type decodes, and is re-encoded as unreadable JSON),
+    and a snapshot that cannot be read would break every client's initial sync and every
+    later compaction."""
+    return _guarded(lambda: _read_back(_snapshot_of(updates)))
+
+
+def _read_back(snapshot: bytes) -> bytes:
+    """``snapshot`` after checking that the next compaction can take it as its first update:
+    ``merge_updates`` decodes it, and a Doc applies it and encodes its state (what
+    ``_snapshot_of`` does with it)."""
+    merge_updates(snapshot)
+    _snapshot_of([snapshot])
+    return snapshot
+
+
+def _snapshot_of(updates: list[bytes]) -> bytes:
     chunks = [
         merge_updates(*updates[i : i + MERGE_CHUNK]) if len(updates) - i > 1 else updates[i]
         for i in range(0, len(updates), MERGE_CHUNK)

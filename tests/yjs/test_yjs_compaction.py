@@ -24,6 +24,9 @@ from pycrdt import Doc, Text
 from tests.conftest import command_env, manage
 from tests.yjs.support import (
     COMPACTION_THRESHOLD,
+    OCTET,
+    UNMERGEABLE_PAIRS,
+    UNMERGEABLE_UPDATES,
     Writer,
     assert_error,
     compaction_counts,
@@ -522,7 +525,54 @@ def test_compaction_keeps_updates_waiting_for_their_dependencies(
     assert sync(http, url)[0] == replayed
 
 
-# -- Compaction of updates a Doc keeps at a gap in its client's clocks (8.2) ----------------------
+# -- Updates compaction cannot merge (8, 8.4, 12.3) -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", UNMERGEABLE_UPDATES)
+def test_updates_compaction_cannot_merge_are_refused(
+    http: httpx.Client, url: str, name: str
+) -> None:
+    """5.5, 10, 12.3: an update that decodes but that compaction cannot merge into a snapshot
+    is 400 INVALID_REQUEST, alone or after valid updates in the same body, and nothing of the
+    body is stored (before, it was stored, and every later compaction of the document
+    failed)."""
+    written = Written()
+    written.post(http, url, "kept")
+    before = read_all(http, url)
+    crafted = UNMERGEABLE_UPDATES[name]
+    valid = frame(written.writer.edit(" not kept"))
+    for body in (frame(crafted), valid + frame(crafted)):
+        assert_error(http.post(url, headers=OCTET, content=body), 400, "INVALID_REQUEST")
+    assert read_all(http, url) == before
+
+
+def test_document_compacts_after_refused_updates(
+    http: httpx.Client, url: str, database_url: str
+) -> None:
+    """8.2: a document that was sent every update of UNMERGEABLE_UPDATES (all refused) and
+    valid updates compacts, and syncs from its snapshot to the writer's document."""
+    written = Written()
+    for name, crafted in UNMERGEABLE_UPDATES.items():
+        written.post(http, url, f"<{name}>")
+        assert_error(http.post(url, headers=OCTET, content=frame(crafted)), 400)
+    result = compact_yjs(database_url, "--service", SERVICE, "--doc", path_of(url), "--force")
+    assert result.returncode == 0, result.stderr
+    token = discover(http, url)
+    snapshot, _ = read_snapshot(http, url, token)
+    assert content_of(snapshot) == written.writer.content
+    assert sync(http, url)[0] == written.writer.content
+
+
+@pytest.mark.parametrize("pair", UNMERGEABLE_PAIRS)
+def test_updates_that_do_not_merge_together_in_one_body_are_refused(
+    http: httpx.Client, url: str, pair: str
+) -> None:
+    """5.5, 12.3: two updates that each merge on their own, but not with each other, are
+    refused when they come in one body (compaction would merge them together)."""
+    first, second = UNMERGEABLE_PAIRS[pair]
+    response = http.post(url, headers=OCTET, content=frame(first) + frame(second))
+    assert_error(response, 400, "INVALID_REQUEST")
+    assert read_all(http, url)[0] == b""
 
 
 def test_update_after_a_gap_in_its_clients_clocks_is_compacted(

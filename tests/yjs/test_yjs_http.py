@@ -37,6 +37,8 @@ from tests.yjs.support import (
     wait_for,
 )
 
+# The most updates one POST may hold (yjs.updates.MAX_UPDATES).
+MAX_UPDATES = 100_000
 LONG_POLL_SECS = 1.0
 SERVICE = unique("svc")
 ALLOWED = {"GET", "HEAD", "POST", "PUT", "DELETE"}
@@ -318,6 +320,20 @@ def test_refused_body_does_not_consume_producer_seq(http: httpx.Client, doc: Doc
     accepted = http.post(doc.url, headers=producer("p", 0, 0), content=update)
     assert accepted.status_code == 200, accepted.text
     assert read_all(http, doc.url)[0] == update
+
+
+def test_too_many_updates_in_one_body_is_413(http: httpx.Client, doc: DocRef) -> None:
+    """11 ("implementation decisions"): one body holds at most MAX_UPDATES updates (checking
+    each costs tens of microseconds); more is 413 PAYLOAD_TOO_LARGE and stores nothing, while
+    a body of many valid updates below it is stored as sent."""
+    writer = Writer()
+    body = frames(*(writer.edit("y") for _ in range(300)))
+    post_ok(http, doc.url, body)
+    before = state(http, doc.url)
+    assert content_of(*read_frames(before[1])) == "y" * 300
+    response = http.post(doc.url, headers=OCTET, content=b"\x00" * (MAX_UPDATES + 1))
+    assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert state(http, doc.url) == before
 
 
 # -- 5.4 Read updates ---------------------------------------------------------------------------
