@@ -3,8 +3,9 @@
 A document is a stream of lib0-framed updates; awareness (``?awareness=<name>``) is a stream of
 its own. Reads, writes and live delivery are the base protocol's (``streams.http``), addressed
 to those internal streams; this module adds the Yjs rules on top: snapshot discovery and reads,
-framing checks, documents that cannot be closed, awareness streams created on demand, cascading
-deletes, per-service secrets, compaction triggers, and the Yjs JSON error body.
+checks of document updates (awareness bytes pass through unchecked), documents that cannot be
+closed, awareness streams created on demand, cascading deletes, per-service secrets,
+compaction triggers, and the Yjs JSON error body.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ async def _document(
         case "PUT":
             return handlers.created_response(request, await store.create_document(doc))
         case "POST":
-            body = await _framed_body(request, check_yjs_updates=True)
+            body = await _update_body(request)
             response, result = await handlers.append_body(request, body)
             compaction.after_append(result.stream_id, result.next_offset)
             return response
@@ -159,32 +160,46 @@ async def _read_snapshot(doc: DocRef, offset: str) -> Response:
     return Response(200, headers, data)
 
 
-async def _framed_body(request: Request, *, check_yjs_updates: bool) -> bytes:
-    """The POST body, which must be complete lib0 frames (YJS-PROTOCOL.md 7.2) and, for
-    documents, at most MAX_UPDATES frames (413) of Yjs updates that compaction can merge
-    (yjs.updates.check_updates). A document or awareness stream is never closed: a departing
-    client's close is refused, and the stream stays open."""
+async def _refuse_close(request: Request) -> None:
+    """A document or awareness stream is never closed: a departing client's close is refused
+    (400), and the stream stays open. A close of something that does not exist is still a 404
+    (YJS-PROTOCOL.md 5.5, 5.9)."""
     if is_true(request.header("stream-closed")):
-        # A close of something that does not exist is still a 404 (YJS-PROTOCOL.md 5.5, 5.9).
         await reads.stream_meta(request.path, touch=False)
         raise BadRequest(
             "Yjs documents and awareness streams cannot be closed; nothing was changed"
         )
+
+
+async def _update_body(request: Request) -> bytes:
+    """The POST body of a document: complete lib0 frames (YJS-PROTOCOL.md 7.2) of Yjs updates
+    that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES of them (413)."""
+    await _refuse_close(request)
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
-    if not body:
-        raise BadRequest("empty update")
-    try:
-        updates = read_frames(body, limit=MAX_UPDATES if check_yjs_updates else None)
-    except TooManyFrames:
-        raise PayloadTooLarge(f"more than {MAX_UPDATES} updates in one body") from None
-    except FramingError as exc:
-        raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
-    if check_yjs_updates:
-        if len(body) > INLINE_CHECK_BYTES or len(updates) > INLINE_CHECK_UPDATES:
+    if len(body) > INLINE_CHECK_BYTES:
+        await asyncio.to_thread(_check_body, body)
+    else:
+        updates = _updates_of(body)
+        if len(updates) > INLINE_CHECK_UPDATES:
             await asyncio.to_thread(check_updates, updates)
         else:
             check_updates(updates)
     return body
+
+
+def _updates_of(body: bytes) -> list[bytes]:
+    if not body:
+        raise BadRequest("empty update")
+    try:
+        return read_frames(body, limit=MAX_UPDATES)
+    except TooManyFrames:
+        raise PayloadTooLarge(f"more than {MAX_UPDATES} updates in one body") from None
+    except FramingError as exc:
+        raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
+
+
+def _check_body(body: bytes) -> None:
+    check_updates(_updates_of(body))
 
 
 # -- awareness --------------------------------------------------------------------------------
@@ -204,8 +219,8 @@ async def _awareness(
                 created = await store.create_awareness(doc, name)
                 return Response(201 if created else 200, {"Cache-Control": "no-store"})
             case "POST":
-                body = await _framed_body(request, check_yjs_updates=False)
-                return await _broadcast(request, body, doc, name)
+                await _refuse_close(request)
+                return await _broadcast(request, await _awareness_body(request), doc, name)
             case "DELETE":
                 return await handlers.delete(request)
     except NotFound:
@@ -214,6 +229,16 @@ async def _awareness(
         await _require_document(doc)
         raise YjsError(404, "STREAM_NOT_FOUND", f"awareness stream {name!r} not found") from None
     raise _method_not_allowed(request)
+
+
+async def _awareness_body(request: Request) -> bytes:
+    """An awareness POST's body, stored as sent: the server passes awareness bytes through
+    without interpreting them (YJS-PROTOCOL.md 7.4, 12.4; docs/gaps.md), within the request
+    body limit. Only an empty body is refused."""
+    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    if not body:
+        raise BadRequest("empty awareness update")
+    return body
 
 
 async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> Response:

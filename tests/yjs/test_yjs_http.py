@@ -539,18 +539,27 @@ def test_awareness_concurrent_auto_create(yjs: Any, http: httpx.Client, doc: Doc
     assert sorted(stored) == sorted(read_frames(b"".join(updates)))
 
 
-def test_awareness_is_only_framing_checked(http: httpx.Client, doc: DocRef) -> None:
-    """12.4, 7.2: awareness bytes are passed through (framed bytes that are no Yjs update are
-    fine) but must still be lib0 frames."""
+def test_awareness_bytes_pass_through(http: httpx.Client, doc: DocRef) -> None:
+    """7.3, 7.4, 12.4: awareness updates are pass-through bytes the server does not interpret:
+    whatever a client POSTs is stored and returned exactly as sent, lib0 frames or not (the
+    clients validate what they read). Only an empty body is refused."""
     params = {"awareness": "default"}
-    opaque = frames(b"\xff\xfe not yjs", b"")
-    post_ok(http, doc.url, opaque, **params)
-    before = state(http, doc.url, **params)
-    for bad in (b"\x10abc", b"", b"\x85"):
-        response = http.post(doc.url, params=params, headers=OCTET, content=bad)
-        assert_error(response, 400, "INVALID_REQUEST")
-    assert state(http, doc.url, **params) == before
-    assert before[1] == opaque
+    bodies = [
+        frames(b"\xff\xfe not yjs", b""),
+        b"\x10abc",  # a frame that runs past the end
+        b"\x85",  # a cut-off length prefix
+        b"plain text, not framed",
+        bytes(range(256)) * 300,  # over 64 KiB
+    ]
+    for body in bodies:
+        post_ok(http, doc.url, body, **params)
+    tail, stored = state(http, doc.url, **params)
+    assert stored == b"".join(bodies)
+    assert_error(http.post(doc.url, params=params, headers=OCTET, content=b""), 400)
+    assert state(http, doc.url, **params) == (tail, stored)
+    # Auto-created streams take anything too (5.7).
+    post_ok(http, doc.url, b"\x85", awareness="fresh")
+    assert read_all(http, doc.url, awareness="fresh")[0] == b"\x85"
 
 
 def test_named_awareness_streams_are_separate(http: httpx.Client, doc: DocRef) -> None:
@@ -1099,3 +1108,34 @@ def test_services_without_a_secret_are_open(locked: Any) -> None:
         assert client.get(url, params={"offset": "-1"}).status_code == 200
         with_other = client.put(url, headers={"Authorization": "Bearer whatever"})
         assert with_other.status_code == 200
+
+
+# -- Request body limit ----------------------------------------------------------------------------
+
+BODY_LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def limited(start_server: Any) -> Any:
+    """A server whose request bodies may hold at most BODY_LIMIT bytes."""
+    return start_server(env={"DS_LIMITS__MAX_REQUEST_BYTES": str(BODY_LIMIT)})
+
+
+def test_request_body_limit_bounds_awareness_and_updates(limited: Any) -> None:
+    """12.4, README (DS_LIMITS__MAX_REQUEST_BYTES): awareness bytes pass through unchecked,
+    but within the request body limit: one byte over it is 413 PAYLOAD_TOO_LARGE and stores
+    nothing; a body of exactly the limit is stored. Document updates are bounded the same."""
+    url = doc_url(SERVICE, f"tests/{unique('limited')}")
+    params = {"awareness": "default"}
+    with httpx.Client(base_url=limited.base_url, timeout=15) as client:
+        assert client.put(url).status_code == 201
+        over = client.post(url, params=params, headers=OCTET, content=b"\x85" * (BODY_LIMIT + 1))
+        assert_error(over, 413, "PAYLOAD_TOO_LARGE")
+        assert read_all(client, url, **params)[0] == b""
+        post_ok(client, url, b"\x85" * BODY_LIMIT, **params)
+        assert read_all(client, url, **params)[0] == b"\x85" * BODY_LIMIT
+
+        update = frame(Writer().edit("z" * BODY_LIMIT))
+        assert len(update) > BODY_LIMIT
+        assert_error(client.post(url, headers=OCTET, content=update), 413, "PAYLOAD_TOO_LARGE")
+        assert read_all(client, url)[0] == b""
