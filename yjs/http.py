@@ -37,7 +37,8 @@ from yjs.paths import (
 from yjs.updates import MAX_UPDATES, check_updates
 
 # Checking updates is CPU work (about 25 microseconds per update, plus merging the bytes): bodies
-# bigger than this, or of more updates than INLINE_CHECK_UPDATES, are checked off the loop.
+# bigger than this are checked off the event loop, and only once the document is known to
+# exist; so are bodies of more updates than INLINE_CHECK_UPDATES.
 INLINE_CHECK_BYTES = 64 * 1024
 INLINE_CHECK_UPDATES = 4
 
@@ -120,7 +121,7 @@ async def _document(
         case "PUT":
             return handlers.created_response(request, await store.create_document(doc))
         case "POST":
-            body = await _update_body(request)
+            body = await _update_body(request, doc)
             response, result = await handlers.append_body(request, body)
             compaction.after_append(result.stream_id, result.next_offset)
             return response
@@ -171,19 +172,28 @@ async def _refuse_close(request: Request) -> None:
         )
 
 
-async def _update_body(request: Request) -> bytes:
+async def _update_body(request: Request, doc: DocRef) -> bytes:
     """The POST body of a document: complete lib0 frames (YJS-PROTOCOL.md 7.2) of Yjs updates
-    that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES of them (413)."""
+    that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES of them (413).
+    A body is refused only after the document is known to exist: a POST to a missing document
+    is a 404 whatever its body (the base protocol's precedence, docs/gaps.md). That costs a
+    query on refusals only, and before the off-loop check of a large body (no checking work
+    for a missing document)."""
     await _refuse_close(request)
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
-    if len(body) > INLINE_CHECK_BYTES:
-        await asyncio.to_thread(_check_body, body)
-    else:
-        updates = _updates_of(body)
-        if len(updates) > INLINE_CHECK_UPDATES:
-            await asyncio.to_thread(check_updates, updates)
+    try:
+        if len(body) > INLINE_CHECK_BYTES:
+            await _require_document(doc)
+            await asyncio.to_thread(_check_body, body)
         else:
-            check_updates(updates)
+            updates = _updates_of(body)
+            if len(updates) > INLINE_CHECK_UPDATES:
+                await asyncio.to_thread(check_updates, updates)
+            else:
+                check_updates(updates)
+    except (BadRequest, PayloadTooLarge):
+        await _require_document(doc)
+        raise
     return body
 
 
@@ -220,7 +230,7 @@ async def _awareness(
                 return Response(201 if created else 200, {"Cache-Control": "no-store"})
             case "POST":
                 await _refuse_close(request)
-                return await _broadcast(request, await _awareness_body(request), doc, name)
+                return await _broadcast(request, await _awareness_body(request, doc), doc, name)
             case "DELETE":
                 return await handlers.delete(request)
     except NotFound:
@@ -231,12 +241,13 @@ async def _awareness(
     raise _method_not_allowed(request)
 
 
-async def _awareness_body(request: Request) -> bytes:
+async def _awareness_body(request: Request, doc: DocRef) -> bytes:
     """An awareness POST's body, stored as sent: the server passes awareness bytes through
     without interpreting them (YJS-PROTOCOL.md 7.4, 12.4; docs/gaps.md), within the request
-    body limit. Only an empty body is refused."""
+    body limit. Only an empty body is refused (400, or 404 without the document)."""
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
     if not body:
+        await _require_document(doc)
         raise BadRequest("empty awareness update")
     return body
 

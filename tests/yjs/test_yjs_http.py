@@ -20,6 +20,7 @@ import pytest
 
 from tests.yjs.support import (
     OCTET,
+    UNMERGEABLE_UPDATES,
     Writer,
     assert_error,
     content_of,
@@ -322,6 +323,49 @@ def test_refused_body_does_not_consume_producer_seq(http: httpx.Client, doc: Doc
     assert read_all(http, doc.url)[0] == update
 
 
+def _refused_bodies_of_any_document() -> dict[str, bytes]:
+    """Bodies a POST to an existing document refuses, for any reason of the body."""
+    update = Writer(client_id=9).edit("fine")
+    return {
+        **BAD_BODIES,
+        **{f"unmergeable-{name}": frame(crafted) for name, crafted in UNMERGEABLE_UPDATES.items()},
+        "large-garbage": frame(b"\x05" + b"\xff" * 100_000),
+        "large-unframed": b"\xff" * 100_000,
+        "many-valid-then-garbage": frames(*[update] * 8) + frame(b"garbage"),
+        "too-many-updates": b"\x00" * (MAX_UPDATES + 1),
+    }
+
+
+REFUSED_BODIES = _refused_bodies_of_any_document()
+
+
+@pytest.mark.parametrize("case", REFUSED_BODIES)
+@pytest.mark.parametrize("missing", ["never-created", "deleted"])
+def test_post_to_missing_document_is_404_whatever_the_body(
+    http: httpx.Client, new_doc: DocRef, pg: psycopg.Connection[Any], missing: str, case: str
+) -> None:
+    """5.5 ("If the document does not exist, the server MUST return 404"), A.1.7
+    delete.doc-then-post-returns-404: the base protocol's precedence (docs/gaps.md), existence
+    before the body: a POST to a document that does not exist, or was deleted, is 404
+    DOCUMENT_NOT_FOUND for every body an existing document refuses (400 or 413), and
+    creates nothing."""
+    body = REFUSED_BODIES[case]
+    if missing == "deleted":
+        assert http.put(new_doc.url).status_code == 201
+        assert http.delete(new_doc.url).status_code == 204
+    else:  # the same body to an existing document is refused for what it is
+        other = DocRef(new_doc.service, f"tests/{unique('existing')}")
+        assert http.put(other.url).status_code == 201
+        refused = http.post(other.url, headers=OCTET, content=body)
+        assert refused.status_code in (400, 413), refused.status_code
+    response = http.post(new_doc.url, headers=OCTET, content=body)
+    assert_error(response, 404, "DOCUMENT_NOT_FOUND")
+    with_producer = http.post(new_doc.url, headers=producer("p", 0, 0), content=body)
+    assert_error(with_producer, 404, "DOCUMENT_NOT_FOUND")
+    assert stored_streams(pg, f"__ds/yjs/{new_doc.service}/docs/{new_doc.path}") == []
+    assert stored_streams(pg, new_doc.awareness_prefix) == []
+
+
 def test_too_many_updates_in_one_body_is_413(http: httpx.Client, doc: DocRef) -> None:
     """11 ("implementation decisions"): one body holds at most MAX_UPDATES updates (checking
     each costs tens of microseconds); more is 413 PAYLOAD_TOO_LARGE and stores nothing, while
@@ -560,6 +604,19 @@ def test_awareness_bytes_pass_through(http: httpx.Client, doc: DocRef) -> None:
     # Auto-created streams take anything too (5.7).
     post_ok(http, doc.url, b"\x85", awareness="fresh")
     assert read_all(http, doc.url, awareness="fresh")[0] == b"\x85"
+
+
+def test_awareness_post_without_document_is_404_whatever_the_body(
+    http: httpx.Client, new_doc: DocRef, pg: psycopg.Connection[Any]
+) -> None:
+    """5.7, 10: an awareness POST for a document that does not exist is 404
+    DOCUMENT_NOT_FOUND, with any body, the empty one included."""
+    for body in (b"\x85", b"", frame(b"hi")):
+        response = http.post(
+            new_doc.url, params={"awareness": "default"}, headers=OCTET, content=body
+        )
+        assert_error(response, 404, "DOCUMENT_NOT_FOUND")
+    assert stored_streams(pg, new_doc.awareness_prefix) == []
 
 
 def test_named_awareness_streams_are_separate(http: httpx.Client, doc: DocRef) -> None:
