@@ -17,7 +17,7 @@ class SwaggerView(SpectacularSwaggerView):
     only renderer (an HTML template renderer) cannot render: a 500. It answers OPTIONS as
     Django's own views do: 200, the allowed methods, no body."""
 
-    def options(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def options(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:  # type: ignore[override]
         return HttpResponse(headers={"Allow": ", ".join(self.allowed_methods)})
 
 

@@ -1,5 +1,5 @@
 """Django admin for Yjs documents: size since the last snapshot, the snapshot, a preview of the
-content, and compaction on demand."""
+content, compaction failures, and compaction on demand."""
 
 from __future__ import annotations
 
@@ -11,24 +11,49 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from streams.admin import ReadOnlyAdmin
-from yjs.compaction import bytes_since_snapshot, compact, updates_since_snapshot
+from yjs.compaction import (
+    Compaction,
+    CompactionFailure,
+    bytes_since_snapshot,
+    compact,
+    updates_since_snapshot,
+)
 from yjs.models import YjsDocument
 from yjs.paths import snapshot_key
 from yjs.preview import describe
-from yjs.updates import snapshot_of
+from yjs.updates import UnmergeableUpdates, snapshot_of
+
+
+class CompactionFailedFilter(admin.SimpleListFilter):
+    title = "compaction"
+    parameter_name = "compaction"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("failed", "Failed"), ("ok", "Not failed")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[YjsDocument]
+    ) -> QuerySet[YjsDocument]:
+        match self.value():
+            case "failed":
+                return queryset.filter(compaction_failed_at__isnull=False)
+            case "ok":
+                return queryset.filter(compaction_failed_at__isnull=True)
+        return queryset
 
 
 @admin.register(YjsDocument)
 class YjsDocumentAdmin(ReadOnlyAdmin):
     list_display = ["path", "service", "since_snapshot", "snapshot_offset", "snapshot_time",
-                    "compactions", "created_at"]  # fmt: skip
-    list_filter = ["service"]
+                    "compactions", "compaction_failed_at", "created_at"]  # fmt: skip
+    list_filter = ["service", CompactionFailedFilter]
     search_fields = ["path"]
     list_select_related = ["stream", "snapshot"]
     ordering = ["service", "path"]
     actions = ["compact_now"]
     fields = ["service", "path", "since_snapshot", "snapshot_offset", "snapshot_time",
-              "compactions", "created_at", "content"]  # fmt: skip
+              "compactions", "compaction_failed_at", "compaction_error", "created_at",
+              "content"]  # fmt: skip
     readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[YjsDocument]:
@@ -53,7 +78,11 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
         updates = updates_since_snapshot(obj)
         if not updates:
             return "(empty document)"
-        roots = describe(snapshot_of(updates))
+        try:
+            merged = snapshot_of(updates)
+        except UnmergeableUpdates as exc:
+            return format_html("<em>{}</em>", f"the updates cannot be merged: {exc}")
+        roots = describe(merged)
         return format_html_join(
             "",
             '<h4 class="ds-preview-heading">{}</h4><pre class="ds-preview">{}</pre>',
@@ -62,9 +91,18 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Compact now")
     def compact_now(self, request: HttpRequest, queryset: QuerySet[YjsDocument]) -> None:
-        done = [r for r in (compact(d.pk, force=True) for d in queryset) if r is not None]
+        results = [compact(d.pk, force=True) for d in queryset]
+        done = [r for r in results if isinstance(r, Compaction)]
         self.message_user(
             request,
-            f"Compacted {len(done)} of {queryset.count()} documents.",
+            f"Compacted {len(done)} of {len(results)} documents.",
             messages.SUCCESS,
         )
+        for failure in results:
+            if isinstance(failure, CompactionFailure):
+                self.message_user(
+                    request,
+                    f"Could not compact {failure.document}: its updates cannot be merged:"
+                    f" {failure.error}",
+                    messages.ERROR,
+                )

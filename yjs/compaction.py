@@ -12,6 +12,12 @@
   updates are never touched, so the document stays readable.
 * Updates appended while compacting have offsets past the new snapshot's; readers continue
   from the snapshot's Stream-Next-Offset and see them.
+* Updates pycrdt cannot merge: POSTs refuse the updates that cannot be merged on their own
+  (yjs.updates.check_updates), but updates can also fail only together with the rest of the
+  document. Such a failure is recorded on the document's row (error and time, shown in the
+  admin) and logged once; automatic compaction then leaves the document alone, since the
+  updates that break the merge stay in every later one (docs/gaps.md). The document stays
+  readable and writable. ``compact_yjs --force`` and the admin retry; a success clears it.
 """
 
 from __future__ import annotations
@@ -20,16 +26,19 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
+from streams import metrics
 from streams.models import Message
 from streams.protocol.offsets import Offset
-from streams.store.pool import get_pool
+from streams.store import pool as store_pool
 from yjs.framing import read_frames
 from yjs.models import YjsDocument, YjsSnapshot
-from yjs.updates import snapshot_of
+from yjs.updates import UnmergeableUpdates, snapshot_of
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +54,21 @@ class Compaction:
     update_bytes: int
     snapshot_bytes: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class CompactionFailure:
+    """The document's updates cannot be merged (``error``, recorded at ``failed_at``).
+    ``now``: this call tried and failed; otherwise an earlier failure, not retried."""
+
+    document: str
+    error: str
+    failed_at: datetime
+    now: bool
+
+
+# Longest error text recorded on a document (pycrdt's messages are short; this bounds them).
+MAX_ERROR_CHARS = 2000
 
 
 def bytes_since_snapshot(document: YjsDocument) -> int:
@@ -65,9 +89,10 @@ def updates_since_snapshot(document: YjsDocument, end_seq: int | None = None) ->
     return updates
 
 
-def compact(stream_id: int, *, force: bool = False) -> Compaction | None:
+def compact(stream_id: int, *, force: bool = False) -> Compaction | CompactionFailure | None:
     """Compact one document now if it is over the threshold (or ``force``); None when there
-    was nothing to do or another process is compacting it."""
+    was nothing to do or another process is compacting it. A CompactionFailure when its
+    updates cannot be merged, now or (without ``force``, which retries) earlier."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, stream_id])
         if not cursor.fetchone()[0]:
@@ -79,7 +104,7 @@ def compact(stream_id: int, *, force: bool = False) -> Compaction | None:
             cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, stream_id])
 
 
-def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
+def _compact_locked(stream_id: int, force: bool) -> Compaction | CompactionFailure | None:
     started = time.monotonic()
     document = (
         YjsDocument.objects.select_related("snapshot", "stream")
@@ -88,6 +113,10 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
     )
     if document is None:
         return None
+    if document.compaction_failed_at is not None and not force:
+        return CompactionFailure(
+            str(document), document.compaction_error, document.compaction_failed_at, now=False
+        )
     old = document.snapshot
     base = old.covers if old is not None else Offset(0, 0)
     tail = Offset(document.stream.next_seq, document.stream.next_pos)
@@ -97,14 +126,20 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
 
     updates = updates_since_snapshot(document, end_seq=tail.seq)
     update_count = len(updates) - (1 if old is not None else 0)
-    snapshot = snapshot_of(updates)
+    try:
+        snapshot = snapshot_of(updates)
+    except UnmergeableUpdates as exc:
+        return _record_failure(document, tail, str(exc))
 
     with transaction.atomic():
         new = YjsSnapshot.objects.create(
             document_id=stream_id, seq=tail.seq, pos=tail.pos, data=snapshot
         )
         moved = YjsDocument.objects.filter(pk=stream_id, snapshot_id=document.snapshot_id).update(
-            snapshot_id=new.pk, compactions=document.compactions + 1
+            snapshot_id=new.pk,
+            compactions=document.compactions + 1,
+            compaction_error="",
+            compaction_failed_at=None,
         )
         if not moved:  # the document was deleted (or re-pointed) meanwhile
             transaction.set_rollback(True)
@@ -121,7 +156,25 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | None:
     )
 
 
-def compact_in_thread(stream_id: int) -> Compaction | None:
+def _record_failure(document: YjsDocument, tail: Offset, error: str) -> CompactionFailure:
+    """Record on the document's row that its updates (before ``tail``) cannot be merged, and
+    log it: once, as automatic compaction does not try again."""
+    error = error[:MAX_ERROR_CHARS]
+    failed_at = timezone.now()
+    YjsDocument.objects.filter(pk=document.pk).update(
+        compaction_error=error, compaction_failed_at=failed_at
+    )
+    logger.error(
+        "compaction of %s failed: its updates before %s cannot be merged (%s); it is not"
+        " compacted automatically any more (compact_yjs --force retries)",
+        document,
+        tail,
+        error,
+    )
+    return CompactionFailure(str(document), error, failed_at, now=True)
+
+
+def compact_in_thread(stream_id: int) -> Compaction | CompactionFailure | None:
     """``compact`` for a worker thread: its database connection is closed afterwards."""
     try:
         return compact(stream_id)
@@ -158,7 +211,13 @@ def _maybe_schedule(stream_id: int) -> None:
 async def _compact_soon(stream_id: int) -> None:
     try:
         result = await asyncio.to_thread(compact_in_thread, stream_id)
-        if result is not None:
+        if isinstance(result, CompactionFailure):
+            # Logged and recorded when it happened. Look again (a cheap read of that record,
+            # unless someone has compacted it since) only after another threshold of updates.
+            metrics.YJS_COMPACTIONS.labels("unmergeable").inc()
+            _covered[stream_id] = _tails.get(stream_id, 0)
+        elif result is not None:
+            _count(result)
             _covered[stream_id] = result.covers.pos
             logger.info(
                 "compacted %s: %d updates (%d bytes) -> %d bytes in %.3fs",
@@ -174,6 +233,7 @@ async def _compact_soon(stream_id: int) -> None:
             # a tight loop.
             await asyncio.sleep(0.25)
     except Exception:  # retried at the next threshold crossing (YJS-PROTOCOL.md 8.4)
+        metrics.YJS_COMPACTIONS.labels("error").inc()
         logger.exception("compaction of document %s failed", stream_id)
         _covered[stream_id] = _tails.get(stream_id, 0)  # wait for new updates before retrying
     finally:
@@ -182,14 +242,20 @@ async def _compact_soon(stream_id: int) -> None:
     _maybe_schedule(stream_id)
 
 
+def _count(result: Compaction) -> None:
+    metrics.YJS_COMPACTIONS.labels("compacted").inc()
+    metrics.YJS_COMPACTION_SECONDS.observe(result.seconds)
+    metrics.YJS_COMPACTION_BYTES.labels("updates").inc(result.update_bytes)
+    metrics.YJS_COMPACTION_BYTES.labels("snapshot").inc(result.snapshot_bytes)
+
+
 async def _refresh_covered(stream_id: int) -> None:
     """Nothing was compacted here (another process did it, or it was not needed): learn the
     current snapshot position so the next appends are judged against it. Without a document
     row (deleted since the append, or a create interrupted before its row) the document is
     forgotten: otherwise its recorded tail stays past the threshold and it is rescheduled
     forever. An append after the next PUT records it again."""
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with store_pool.connection() as conn:
         cur = await conn.execute(
             "SELECT s.pos FROM yjs_document AS d"
             " LEFT JOIN yjs_snapshot AS s ON s.id = d.snapshot_id WHERE d.stream_id = %s",

@@ -9,6 +9,10 @@ class FramingError(ValueError):
     """Bytes that are not a sequence of complete lib0 frames."""
 
 
+class TooManyFrames(ValueError):
+    """More frames than the caller takes."""
+
+
 def write_var_uint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:
@@ -40,12 +44,15 @@ def read_var_uint(data: bytes, index: int) -> tuple[int, int]:
             raise FramingError("length prefix too long")
 
 
-def read_frames(data: bytes) -> list[bytes]:
-    """The updates of a lib0-framed body, each complete; FramingError otherwise."""
-    updates = []
+def read_frames(data: bytes, limit: int | None = None) -> list[bytes]:
+    """The updates of a lib0-framed body, each complete; FramingError otherwise, TooManyFrames
+    as soon as there are more than ``limit``."""
+    updates: list[bytes] = []
     index = 0
     end = len(data)
     while index < end:
+        if limit is not None and len(updates) == limit:
+            raise TooManyFrames(f"more than {limit} frames")
         length, index = read_var_uint(data, index)
         if index + length > end:
             raise FramingError(f"frame of {length} bytes runs past the end of the body")

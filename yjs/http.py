@@ -3,8 +3,9 @@
 A document is a stream of lib0-framed updates; awareness (``?awareness=<name>``) is a stream of
 its own. Reads, writes and live delivery are the base protocol's (``streams.http``), addressed
 to those internal streams; this module adds the Yjs rules on top: snapshot discovery and reads,
-framing checks, documents that cannot be closed, awareness streams created on demand, cascading
-deletes, per-service secrets, compaction triggers, and the Yjs JSON error body.
+checks of document updates (awareness bytes pass through unchecked), documents that cannot be
+closed, awareness streams created on demand, cascading deletes, per-service secrets,
+compaction triggers, and the Yjs JSON error body.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.conf import settings
 from access.auth import authenticate
 from access.grants import Grant, Operation, Principal, doc_resource
 from streams import services
-from streams.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
+from streams.errors import BadRequest, MethodNotAllowed, NotFound, PayloadTooLarge, ProtocolError
 from streams.http import app as streams_app
 from streams.http import handlers, render
 from streams.http.request import Receive, Request, Scope, Send, request_for
@@ -27,7 +28,7 @@ from streams.protocol.headers import is_true, parse_append_headers
 from streams.store import reads
 from streams.store.types import AppendResult
 from yjs import compaction, store
-from yjs.framing import FramingError, read_frames
+from yjs.framing import FramingError, TooManyFrames, read_frames
 from yjs.paths import (
     SNAPSHOT,
     SNAPSHOT_SUFFIX,
@@ -37,7 +38,7 @@ from yjs.paths import (
     parse_snapshot_key,
     snapshot_key,
 )
-from yjs.updates import check_updates
+from yjs.updates import MAX_UPDATES, check_updates
 
 METHOD_OPERATIONS = {
     "GET": Operation.READ,
@@ -46,8 +47,11 @@ METHOD_OPERATIONS = {
     "PUT": Operation.MANAGE,
     "DELETE": Operation.MANAGE,
 }
-# Bodies bigger than this are checked off the event loop (decoding updates is CPU work).
+# Checking updates is CPU work (about 25 microseconds per update, plus merging the bytes): bodies
+# bigger than this are checked off the event loop, and only once the document is known to
+# exist; so are bodies of more updates than INLINE_CHECK_UPDATES.
 INLINE_CHECK_BYTES = 64 * 1024
+INLINE_CHECK_UPDATES = 4
 
 
 class YjsError(ProtocolError):
@@ -141,7 +145,7 @@ async def _document(
         case "PUT":
             return render.created(request, await store.create_document(doc))
         case "POST":
-            body = await _framed_body(request, check_yjs_updates=True)
+            body = await _update_body(request, doc)
             response, result = await _append(request, body)
             compaction.after_append(result.stream_id, result.next_offset)
             return response
@@ -181,29 +185,55 @@ async def _read_snapshot(doc: DocRef, offset: str) -> Response:
     return Response(200, headers, data)
 
 
-async def _framed_body(request: Request, *, check_yjs_updates: bool) -> bytes:
-    """The POST body, which must be complete lib0 frames (YJS-PROTOCOL.md 7.2) and, for
-    documents, frames of decodable Yjs updates. A document or awareness stream is never
-    closed: a departing client's close is refused, and the stream stays open."""
+async def _refuse_close(request: Request) -> None:
+    """A document or awareness stream is never closed: a departing client's close is refused
+    (400), and the stream stays open. A close of something that does not exist is still a 404
+    (YJS-PROTOCOL.md 5.5, 5.9)."""
     if is_true(request.header("stream-closed")):
-        # A close of something that does not exist is still a 404 (YJS-PROTOCOL.md 5.5, 5.9).
         await reads.stream_meta(request.path, touch=False)
         raise BadRequest(
             "Yjs documents and awareness streams cannot be closed; nothing was changed"
         )
+
+
+async def _update_body(request: Request, doc: DocRef) -> bytes:
+    """The POST body of a document: complete lib0 frames (YJS-PROTOCOL.md 7.2) of Yjs updates
+    that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES of them (413).
+    A body is refused only after the document is known to exist: a POST to a missing document
+    is a 404 whatever its body (the base protocol's precedence, docs/gaps.md). That costs a
+    query on refusals only, and before the off-loop check of a large body (no checking work
+    for a missing document)."""
+    await _refuse_close(request)
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    try:
+        if len(body) > INLINE_CHECK_BYTES:
+            await _require_document(doc)
+            await asyncio.to_thread(_check_body, body)
+        else:
+            updates = _updates_of(body)
+            if len(updates) > INLINE_CHECK_UPDATES:
+                await asyncio.to_thread(check_updates, updates)
+            else:
+                check_updates(updates)
+    except (BadRequest, PayloadTooLarge):
+        await _require_document(doc)
+        raise
+    return body
+
+
+def _updates_of(body: bytes) -> list[bytes]:
     if not body:
         raise BadRequest("empty update")
     try:
-        updates = read_frames(body)
+        return read_frames(body, limit=MAX_UPDATES)
+    except TooManyFrames:
+        raise PayloadTooLarge(f"more than {MAX_UPDATES} updates in one body") from None
     except FramingError as exc:
         raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
-    if check_yjs_updates:
-        if len(body) > INLINE_CHECK_BYTES:
-            await asyncio.to_thread(check_updates, updates)
-        else:
-            check_updates(updates)
-    return body
+
+
+def _check_body(body: bytes) -> None:
+    check_updates(_updates_of(body))
 
 
 # -- awareness --------------------------------------------------------------------------------
@@ -223,8 +253,8 @@ async def _awareness(
                 created = await store.create_awareness(doc, name)
                 return Response(201 if created else 200, {"Cache-Control": "no-store"})
             case "POST":
-                body = await _framed_body(request, check_yjs_updates=False)
-                return await _broadcast(request, body, doc, name)
+                await _refuse_close(request)
+                return await _broadcast(request, await _awareness_body(request, doc), doc, name)
             case "DELETE":
                 return await handlers.delete(request)
     except NotFound:
@@ -233,6 +263,17 @@ async def _awareness(
         await _require_document(doc)
         raise YjsError(404, "STREAM_NOT_FOUND", f"awareness stream {name!r} not found") from None
     raise _method_not_allowed(request)
+
+
+async def _awareness_body(request: Request, doc: DocRef) -> bytes:
+    """An awareness POST's body, stored as sent: the server passes awareness bytes through
+    without interpreting them (YJS-PROTOCOL.md 7.4, 12.4; docs/gaps.md), within the request
+    body limit. Only an empty body is refused (400, or 404 without the document)."""
+    body = await request.body(settings.DS_MAX_REQUEST_BYTES)
+    if not body:
+        await _require_document(doc)
+        raise BadRequest("empty awareness update")
+    return body
 
 
 async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> Response:

@@ -30,6 +30,12 @@ class YjsDocument(models.Model):
         related_name="+",
     )
     compactions = models.IntegerField(default=0)
+    # The last compaction that could not merge the document's updates (pycrdt's error) and
+    # when; empty/NULL when none. Automatic compaction leaves such a document alone (the
+    # updates that break the merge stay in every later one); `compact_yjs --force` or the
+    # admin's "Compact now" retry, and a success clears these.
+    compaction_error = models.TextField(blank=True, db_default="")
+    compaction_failed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from streams.errors import NotFound
 from streams.protocol.offsets import Offset
-from streams.store.pool import get_pool
+from streams.store.pool import connection
 from streams.store.types import CreateRequest, CreateResult
 from streams.store.writes import create_stream
 from yjs.paths import DocRef
@@ -45,8 +45,7 @@ async def create_document(doc: DocRef) -> CreateResult:
     """Create the document's update stream, its default awareness stream and its row
     (YJS-PROTOCOL.md 5.1); idempotent. Returns the update stream's creation."""
     result = await _create_stream(doc.updates_stream, ttl_seconds=None)
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with connection() as conn:
         await conn.execute(
             "INSERT INTO yjs_document (stream_id, service, path, compactions, created_at)"
             " VALUES (%s, %s, %s, 0, now()) ON CONFLICT DO NOTHING",
@@ -67,8 +66,7 @@ async def create_awareness(doc: DocRef, name: str) -> bool:
 async def snapshot_pointer(doc: DocRef) -> Offset | None:
     """The position the current snapshot covers, or None without one. NotFound when the
     document does not exist."""
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with connection() as conn:
         cur = await conn.execute(_SNAPSHOT_POINTER_SQL, (doc.updates_stream,))
         row = await cur.fetchone()
     if row is None:
@@ -78,8 +76,7 @@ async def snapshot_pointer(doc: DocRef) -> Offset | None:
 
 
 async def snapshot_data(doc: DocRef, covers: Offset) -> bytes | None:
-    pool = await get_pool()
-    async with pool.connection() as conn:
+    async with connection() as conn:
         cur = await conn.execute(
             _SNAPSHOT_DATA_SQL, (doc.service, doc.doc_path, covers.seq, covers.pos), binary=True
         )
@@ -90,8 +87,7 @@ async def snapshot_data(doc: DocRef, covers: Offset) -> bytes | None:
 async def delete_document(doc: DocRef) -> bool:
     """Delete the update stream, snapshots, row and every awareness stream of a document
     (YJS-PROTOCOL.md 5.9), in one transaction. False when there was no document."""
-    pool = await get_pool()
-    async with pool.connection() as conn, conn.transaction():
+    async with connection() as conn, conn.transaction():
         cur = await conn.execute("SELECT ds_delete(%s)", (doc.updates_stream,))
         outcome = (await cur.fetchone())[0]  # type: ignore[index]
         await conn.execute(

@@ -32,10 +32,14 @@ FUZZ_SERVER_ENV = {
 
 # Server log lines that mean a bug whatever the client sent.
 _FAULT = re.compile(r"Traceback|unhandled error|Exception in ASGI|ERROR", re.IGNORECASE)
-# Log records of known, unfixed defects (tests/fuzz/test_known_defects.py reproduces each as a
-# strict xfail): counted and reported, not failed on. Remove an entry when its defect is fixed.
+# Log records of known, unfixed defects (tests/fuzz/test_known_defects.py reproduces each as an
+# xfail): counted and reported, not failed on. Remove an entry when its defect is fixed.
 KNOWN_DEFECTS = {
-    "Yjs compaction fails on an accepted update": re.compile(r"compaction of document \d+ failed"),
+    # Updates each mergeable alone, not with what the document holds (docs/gaps.md): the
+    # compaction records the document as not compactable, once.
+    "Yjs compaction fails on updates accepted one by one": re.compile(
+        r"compaction of \S+ failed: its updates before"
+    ),
 }
 # The lines of a traceback that follows a known record.
 _TRACEBACK_LINE = re.compile(r"Traceback \(|\s|[\w.]+(Error|Exception)\b|During handling|$")

@@ -271,3 +271,49 @@ def compaction_counts(pg: psycopg.Connection[Any], service: str, path: str) -> t
     ).fetchone()
     assert row is not None, f"no document {service}/{path}"
     return row[0], row[1]
+
+
+# -- Updates compaction cannot merge (YJS-PROTOCOL.md 8, 12.3) -----------------------------------
+
+# Yjs updates (v1) that decode, so the server used to accept them, but that pycrdt cannot turn
+# into a snapshot: each one made every later compaction of its document fail. Found by
+# mutation fuzzing of real updates (truncations, bit flips, huge varints), then reduced.
+UNMERGEABLE_UPDATES: dict[str, bytes] = {
+    # 43 bytes. Client 1 writes "hello world" into the root text "content" (clocks 0-10), and
+    # "hello again" whose parent is the item 1#0: a string, not a type. Yrs cannot integrate
+    # it ("block parent <1#0> must be deleted or shared ref type").
+    "child-of-a-string": bytes.fromhex(
+        "01020100040107636f6e74656e740b68656c6c6f20776f726c64040001000b68656c6c6f20616761696e00"
+    ),
+    # A GC struct of length 0 (client 7, clock 1): encoding the document panics (divide by 0).
+    "empty-gc": bytes.fromhex("01010701000000"),
+    # A GC struct of 7 clocks at clock 2^32 - 1, past Yrs's 32-bit clocks, and a deletion of
+    # clock 2 of the same client: integrating it panics (index out of bounds).
+    "gc-at-clock-2^32": bytes.fromhex("010107ffffffff0f00070107010201"),
+    # An item of content type 18 (there is no such type) in the root "a": it decodes, but the
+    # document encodes it as JSON content that cannot be decoded, an unreadable snapshot.
+    "unknown-content-type": bytes.fromhex("0101070012010161000000"),
+    # Four structs of client 1 from clock 2^40 - 1 (past Yrs's 32-bit clocks), nested types
+    # among them: integrating them panics ("called `Option::unwrap()` on a `None` value").
+    "huge-clock-nested-types": bytes.fromhex(
+        "010401ffffffffff1f070101780301702801011601610177016207000116060400011802686900"
+    ),
+}
+
+# Pairs of updates that each merge on their own, but not together: a POST cannot refuse the
+# second without merging it with the whole document (a compaction per POST), so compaction
+# meets them, and must record the failure and go on.
+UNMERGEABLE_PAIRS: dict[str, tuple[bytes, bytes]] = {
+    # Client 1 writes "hello" into the root text "content" (item 1#0); then client 2 inserts
+    # "x" into the item 1#0 as its parent, a string, not a type (alone it waits for 1#0).
+    "child-of-a-string": (
+        bytes.fromhex("01010100040107636f6e74656e740568656c6c6f00"),
+        bytes.fromhex("0101020004000100017800"),
+    ),
+    # A deletion of clocks 1-13 of client 7 (alone it waits for them), and client 7 setting
+    # key "k" of the root map "m" at a clock near 2^32: together, integrating panics.
+    "deletion-and-huge-clock": (
+        bytes.fromhex("000107010d01"),
+        bytes.fromhex("010107ffffdfff0f2801016d016b017c3f80000000"),
+    ),
+}

@@ -9,6 +9,8 @@ from its Stream-Next-Offset, apply them to a fresh Y.Doc, and compare with the w
 from __future__ import annotations
 
 import concurrent.futures
+import html
+import re
 import subprocess
 import threading
 import time
@@ -19,10 +21,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from pycrdt import Doc, Text
 
 from tests.conftest import command_env, manage
 from tests.yjs.support import (
     COMPACTION_THRESHOLD,
+    OCTET,
+    UNMERGEABLE_PAIRS,
+    UNMERGEABLE_UPDATES,
     Writer,
     assert_error,
     compaction_counts,
@@ -519,3 +525,258 @@ def test_compaction_keeps_updates_waiting_for_their_dependencies(
     replayed = content_of(*read_frames(read_all(http, url)[0]))
     assert replayed == ("hello world" if kind == "insert" else "")
     assert sync(http, url)[0] == replayed
+
+
+# -- Updates compaction cannot merge (8, 8.4, 12.3) -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", UNMERGEABLE_UPDATES)
+def test_updates_compaction_cannot_merge_are_refused(
+    http: httpx.Client, url: str, name: str
+) -> None:
+    """5.5, 10, 12.3: an update that decodes but that compaction cannot merge into a snapshot
+    is 400 INVALID_REQUEST, alone or after valid updates in the same body, and nothing of the
+    body is stored (before, it was stored, and every later compaction of the document
+    failed)."""
+    written = Written()
+    written.post(http, url, "kept")
+    before = read_all(http, url)
+    crafted = UNMERGEABLE_UPDATES[name]
+    valid = frame(written.writer.edit(" not kept"))
+    for body in (frame(crafted), valid + frame(crafted)):
+        assert_error(http.post(url, headers=OCTET, content=body), 400, "INVALID_REQUEST")
+    assert read_all(http, url) == before
+
+
+def test_document_compacts_after_refused_updates(
+    http: httpx.Client, url: str, database_url: str
+) -> None:
+    """8.2: a document that was sent every update of UNMERGEABLE_UPDATES (all refused) and
+    valid updates compacts, and syncs from its snapshot to the writer's document."""
+    written = Written()
+    for name, crafted in UNMERGEABLE_UPDATES.items():
+        written.post(http, url, f"<{name}>")
+        assert_error(http.post(url, headers=OCTET, content=frame(crafted)), 400)
+    result = compact_yjs(database_url, "--service", SERVICE, "--doc", path_of(url), "--force")
+    assert result.returncode == 0, result.stderr
+    token = discover(http, url)
+    snapshot, _ = read_snapshot(http, url, token)
+    assert content_of(snapshot) == written.writer.content
+    assert sync(http, url)[0] == written.writer.content
+
+
+@pytest.mark.parametrize("pair", UNMERGEABLE_PAIRS)
+def test_updates_that_do_not_merge_together_in_one_body_are_refused(
+    http: httpx.Client, url: str, pair: str
+) -> None:
+    """5.5, 12.3: two updates that each merge on their own, but not with each other, are
+    refused when they come in one body (compaction would merge them together)."""
+    first, second = UNMERGEABLE_PAIRS[pair]
+    response = http.post(url, headers=OCTET, content=frame(first) + frame(second))
+    assert_error(response, 400, "INVALID_REQUEST")
+    assert read_all(http, url)[0] == b""
+
+
+def test_update_after_a_gap_in_its_clients_clocks_is_compacted(
+    http: httpx.Client, url: str, database_url: str
+) -> None:
+    """8.2, 8.3: client 7's second update (typing into another root text at position 0: an
+    item without origin at clock 13) arrives before its first. The Doc holds it at clock 13
+    with nothing before it; compaction must still snapshot the document (it used to fail
+    reading the Doc's update as a delete set), and syncing from the snapshot once the first
+    update has arrived gives the same document as replaying the stream."""
+    writer = Writer(client_id=7)
+    first = writer.edit("hello world!!")  # clocks 0-12
+    title = writer.doc.get("title", type=Text)
+    title.insert(0, "T")
+    second = writer.updates[-1]
+    post_ok(http, url, frame(second))
+
+    result = compact_yjs(database_url, "--service", SERVICE, "--doc", path_of(url), "--force")
+    assert result.returncode == 0, result.stderr
+    assert discover(http, url).endswith("_snapshot")
+    post_ok(http, url, frame(first))
+
+    def both_texts(*updates: bytes) -> tuple[str, str]:
+        doc: Doc = Doc()
+        for update in updates:
+            doc.apply_update(update)
+        return str(doc.get("content", type=Text)), str(doc.get("title", type=Text))
+
+    replayed = both_texts(*read_frames(read_all(http, url)[0]))
+    assert replayed == ("hello world!!", "T")
+    token = discover(http, url)
+    snapshot, next_offset = read_snapshot(http, url, token)
+    assert both_texts(snapshot, *read_frames(read_all(http, url, next_offset)[0])) == replayed
+
+
+def failure_record(pg: psycopg.Connection[Any], service: str, path: str) -> tuple[str, Any]:
+    """(compaction error, time it was recorded) of a document."""
+    row = pg.execute(
+        "SELECT compaction_error, compaction_failed_at FROM yjs_document"
+        " WHERE service = %s AND path = %s",
+        (service, path),
+    ).fetchone()
+    assert row is not None, f"no document {service}/{path}"
+    return row[0], row[1]
+
+
+def poisoned_document(
+    http: httpx.Client, service: str, pair: str, label: str
+) -> tuple[str, Written]:
+    """A document holding both updates of UNMERGEABLE_PAIRS[pair], each accepted in a POST
+    of its own, then a few valid updates: (its URL, those POSTs)."""
+    target = doc_url(service, f"tests/{label}-{unique(pair)}")
+    assert http.put(target).status_code == 201
+    written = Written()
+    for update in UNMERGEABLE_PAIRS[pair]:
+        body = frame(update)
+        written.posts.append((body, post_ok(http, target, body)))
+        written.bytes_sent += len(body)
+    for _ in range(3):
+        written.post(http, target, "small ")
+    return target, written
+
+
+@pytest.mark.parametrize("pair", UNMERGEABLE_PAIRS)
+def test_document_that_cannot_be_compacted_is_recorded_once(
+    compacting: Any, http: httpx.Client, pg: psycopg.Connection[Any], database_url: str, pair: str
+) -> None:
+    """8.4: updates that merge only alone are accepted; the compaction their document then
+    triggers fails. The failure is logged once and recorded on the document (error and time);
+    later appends past the threshold do not retry it, the document stays readable and
+    writable without a snapshot; compact_yjs without --force reports the recorded failure
+    without retrying (exit 1), with --force it retries (and fails again)."""
+    target, written = poisoned_document(http, SERVICE, pair, "poisoned")
+    path = path_of(target)
+    fill_past_threshold(http, target, written)
+
+    def recorded() -> tuple[str, Any] | None:
+        error, failed_at = failure_record(pg, SERVICE, path)
+        return (error, failed_at) if failed_at is not None else None
+
+    error, failed_at = wait_for(recorded, COMPACTION_WAIT_SECS, "the failure to be recorded")
+    assert "panicked" in error or "block parent" in error, error
+    for _ in range(2):
+        fill_past_threshold(http, target, written)
+    assert read_all(http, target)[0] == b"".join(body for body, _ in written.posts)
+    assert discover(http, target) == "-1"
+    assert compaction_counts(pg, SERVICE, path) == (0, 0)
+    assert failure_record(pg, SERVICE, path) == (error, failed_at)
+    log = compacting.log_path.read_text()
+    assert log.count(f"compaction of {SERVICE}/{path} failed") == 1, log[-3000:]
+
+    again = compact_yjs(database_url, "--service", SERVICE, "--doc", path)
+    assert again.returncode == 1, again.stdout
+    assert "not retried without --force" in again.stderr and error in again.stderr
+    assert "Compacted 0 of 1 documents." in again.stdout
+    assert failure_record(pg, SERVICE, path) == (error, failed_at)
+
+    forced = compact_yjs(database_url, "--service", SERVICE, "--doc", path, "--force")
+    assert forced.returncode == 1, forced.stdout
+    assert "its updates cannot be merged" in forced.stderr
+    retried_error, retried_at = failure_record(pg, SERVICE, path)
+    assert retried_error == error and retried_at > failed_at
+    assert discover(http, target) == "-1"
+    post_ok(http, target, frame(written.writer.edit("still writable")))
+
+
+def test_command_all_goes_on_after_a_document_that_cannot_be_compacted(
+    http: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """compact_yjs --all: a document whose updates cannot be merged (one failing with a
+    pycrdt error, one with a Rust panic) is reported with its error on stderr, the other
+    documents are compacted, and the command exits 1 naming the failed ones."""
+    service = unique("cmd-poison")
+    # Listed (and compacted) in path order: the broken documents first, then the good ones.
+    broken, _ = poisoned_document(http, service, "child-of-a-string", "a")
+    panicking, _ = poisoned_document(http, service, "deletion-and-huge-clock", "b")
+    first, first_written = small_document(http, service)
+    last, last_written = small_document(http, service)
+    assert sorted([last, first, panicking, broken], key=path_of)[:2] == [broken, panicking]
+
+    result = compact_yjs(database_url, "--all", "--service", service, "--force")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Compacted 2 of 4 documents." in result.stdout
+    reports = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert len(reports) == 2, result.stderr
+    for index, target in enumerate((broken, panicking), start=1):
+        line = next(x for x in reports if f"{service}/{path_of(target)}" in x)
+        assert line.startswith(f"[{index}/4] ") and "its updates cannot be merged" in line, line
+        error, failed_at = failure_record(pg, service, path_of(target))
+        assert error in line and failed_at is not None
+        assert discover(http, target) == "-1"
+    assert "2 of 4 documents could not be compacted" in result.stderr
+    for target, written in ((first, first_written), (last, last_written)):
+        assert discover(http, target).endswith("_snapshot")
+        assert sync(http, target)[0] == written.writer.content
+        assert failure_record(pg, service, path_of(target)) == ("", None)
+
+
+# -- The admin -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def admin(compacting: Any, database_url: str) -> Iterator[httpx.Client]:
+    """A client logged in to the compacting server's Django admin as a new superuser."""
+    username, password = unique("admin"), unique("password")
+    created = manage(
+        database_url, "createsuperuser", "--noinput", "--username", username,
+        "--email", "admin@example.com",
+        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=password),
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    with httpx.Client(base_url=compacting.base_url, timeout=30, follow_redirects=True) as client:
+        login = client.get("/admin/login/")
+        response = client.post(
+            "/admin/login/?next=/admin/",
+            data={"csrfmiddlewaretoken": csrf_token(login), "username": username,
+                  "password": password},
+            headers={"Referer": f"{compacting.base_url}/admin/login/"},
+        )  # fmt: skip
+        assert response.status_code == 200 and "Log out" in response.text, response.text[-2000:]
+        yield client
+
+
+def csrf_token(page: httpx.Response) -> str:
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token is not None, page.text[-2000:]
+    return token.group(1)
+
+
+def test_admin_shows_documents_that_cannot_be_compacted(
+    admin: httpx.Client, http: httpx.Client, pg: psycopg.Connection[Any]
+) -> None:
+    """Admin: "Compact now" on a document whose updates cannot be merged answers with the
+    error (not a server error) and records it; the list filters such documents, and the
+    document's page shows the error, when it happened, and why there is no preview."""
+    target, _ = poisoned_document(http, SERVICE, "child-of-a-string", "admin")
+    path = path_of(target)
+    listing = admin.get("/admin/yjs/yjsdocument/", params={"q": path})
+    assert listing.status_code == 200 and path in listing.text
+    found = re.search(r'href="/admin/yjs/yjsdocument/(\d+)/change/', listing.text)
+    assert found is not None
+    action = admin.post(
+        str(listing.url),
+        data={"csrfmiddlewaretoken": csrf_token(listing), "action": "compact_now",
+              "_selected_action": [found.group(1)]},
+        headers={"Referer": str(listing.url)},
+    )  # fmt: skip
+    assert action.status_code == 200, action.text[-2000:]
+    assert "Compacted 0 of 1 documents." in action.text
+    error, failed_at = failure_record(pg, SERVICE, path)
+    assert "block parent" in error and failed_at is not None
+    message = f"Could not compact {SERVICE}/{path}: its updates cannot be merged: {error}"
+    assert message in html.unescape(action.text)
+
+    link = f"/admin/yjs/yjsdocument/{found.group(1)}/change/"
+    failed = admin.get("/admin/yjs/yjsdocument/", params={"q": path, "compaction": "failed"})
+    assert failed.status_code == 200 and link in failed.text
+    fine = admin.get("/admin/yjs/yjsdocument/", params={"q": path, "compaction": "ok"})
+    assert fine.status_code == 200 and link not in fine.text
+    detail = admin.get(link)
+    assert detail.status_code == 200
+    page = html.unescape(detail.text)
+    assert error in page
+    assert "the updates cannot be merged" in page

@@ -20,6 +20,7 @@ import pytest
 
 from tests.yjs.support import (
     OCTET,
+    UNMERGEABLE_UPDATES,
     Writer,
     assert_error,
     content_of,
@@ -37,6 +38,8 @@ from tests.yjs.support import (
     wait_for,
 )
 
+# The most updates one POST may hold (yjs.updates.MAX_UPDATES).
+MAX_UPDATES = 100_000
 LONG_POLL_SECS = 1.0
 SERVICE = unique("svc")
 ALLOWED = {"GET", "HEAD", "POST", "PUT", "DELETE"}
@@ -320,6 +323,63 @@ def test_refused_body_does_not_consume_producer_seq(http: httpx.Client, doc: Doc
     assert read_all(http, doc.url)[0] == update
 
 
+def _refused_bodies_of_any_document() -> dict[str, bytes]:
+    """Bodies a POST to an existing document refuses, for any reason of the body."""
+    update = Writer(client_id=9).edit("fine")
+    return {
+        **BAD_BODIES,
+        **{f"unmergeable-{name}": frame(crafted) for name, crafted in UNMERGEABLE_UPDATES.items()},
+        "large-garbage": frame(b"\x05" + b"\xff" * 100_000),
+        "large-unframed": b"\xff" * 100_000,
+        "many-valid-then-garbage": frames(*[update] * 8) + frame(b"garbage"),
+        "too-many-updates": b"\x00" * (MAX_UPDATES + 1),
+    }
+
+
+REFUSED_BODIES = _refused_bodies_of_any_document()
+
+
+@pytest.mark.parametrize("case", REFUSED_BODIES)
+@pytest.mark.parametrize("missing", ["never-created", "deleted"])
+def test_post_to_missing_document_is_404_whatever_the_body(
+    http: httpx.Client, new_doc: DocRef, pg: psycopg.Connection[Any], missing: str, case: str
+) -> None:
+    """5.5 ("If the document does not exist, the server MUST return 404"), A.1.7
+    delete.doc-then-post-returns-404: the base protocol's precedence (docs/gaps.md), existence
+    before the body: a POST to a document that does not exist, or was deleted, is 404
+    DOCUMENT_NOT_FOUND for every body an existing document refuses (400 or 413), and
+    creates nothing."""
+    body = REFUSED_BODIES[case]
+    if missing == "deleted":
+        assert http.put(new_doc.url).status_code == 201
+        assert http.delete(new_doc.url).status_code == 204
+    else:  # the same body to an existing document is refused for what it is
+        other = DocRef(new_doc.service, f"tests/{unique('existing')}")
+        assert http.put(other.url).status_code == 201
+        refused = http.post(other.url, headers=OCTET, content=body)
+        assert refused.status_code in (400, 413), refused.status_code
+    response = http.post(new_doc.url, headers=OCTET, content=body)
+    assert_error(response, 404, "DOCUMENT_NOT_FOUND")
+    with_producer = http.post(new_doc.url, headers=producer("p", 0, 0), content=body)
+    assert_error(with_producer, 404, "DOCUMENT_NOT_FOUND")
+    assert stored_streams(pg, f"__ds/yjs/{new_doc.service}/docs/{new_doc.path}") == []
+    assert stored_streams(pg, new_doc.awareness_prefix) == []
+
+
+def test_too_many_updates_in_one_body_is_413(http: httpx.Client, doc: DocRef) -> None:
+    """11 ("implementation decisions"): one body holds at most MAX_UPDATES updates (checking
+    each costs tens of microseconds); more is 413 PAYLOAD_TOO_LARGE and stores nothing, while
+    a body of many valid updates below it is stored as sent."""
+    writer = Writer()
+    body = frames(*(writer.edit("y") for _ in range(300)))
+    post_ok(http, doc.url, body)
+    before = state(http, doc.url)
+    assert content_of(*read_frames(before[1])) == "y" * 300
+    response = http.post(doc.url, headers=OCTET, content=b"\x00" * (MAX_UPDATES + 1))
+    assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert state(http, doc.url) == before
+
+
 # -- 5.4 Read updates ---------------------------------------------------------------------------
 
 
@@ -523,18 +583,40 @@ def test_awareness_concurrent_auto_create(yjs: Any, http: httpx.Client, doc: Doc
     assert sorted(stored) == sorted(read_frames(b"".join(updates)))
 
 
-def test_awareness_is_only_framing_checked(http: httpx.Client, doc: DocRef) -> None:
-    """12.4, 7.2: awareness bytes are passed through (framed bytes that are no Yjs update are
-    fine) but must still be lib0 frames."""
+def test_awareness_bytes_pass_through(http: httpx.Client, doc: DocRef) -> None:
+    """7.3, 7.4, 12.4: awareness updates are pass-through bytes the server does not interpret:
+    whatever a client POSTs is stored and returned exactly as sent, lib0 frames or not (the
+    clients validate what they read). Only an empty body is refused."""
     params = {"awareness": "default"}
-    opaque = frames(b"\xff\xfe not yjs", b"")
-    post_ok(http, doc.url, opaque, **params)
-    before = state(http, doc.url, **params)
-    for bad in (b"\x10abc", b"", b"\x85"):
-        response = http.post(doc.url, params=params, headers=OCTET, content=bad)
-        assert_error(response, 400, "INVALID_REQUEST")
-    assert state(http, doc.url, **params) == before
-    assert before[1] == opaque
+    bodies = [
+        frames(b"\xff\xfe not yjs", b""),
+        b"\x10abc",  # a frame that runs past the end
+        b"\x85",  # a cut-off length prefix
+        b"plain text, not framed",
+        bytes(range(256)) * 300,  # over 64 KiB
+    ]
+    for body in bodies:
+        post_ok(http, doc.url, body, **params)
+    tail, stored = state(http, doc.url, **params)
+    assert stored == b"".join(bodies)
+    assert_error(http.post(doc.url, params=params, headers=OCTET, content=b""), 400)
+    assert state(http, doc.url, **params) == (tail, stored)
+    # Auto-created streams take anything too (5.7).
+    post_ok(http, doc.url, b"\x85", awareness="fresh")
+    assert read_all(http, doc.url, awareness="fresh")[0] == b"\x85"
+
+
+def test_awareness_post_without_document_is_404_whatever_the_body(
+    http: httpx.Client, new_doc: DocRef, pg: psycopg.Connection[Any]
+) -> None:
+    """5.7, 10: an awareness POST for a document that does not exist is 404
+    DOCUMENT_NOT_FOUND, with any body, the empty one included."""
+    for body in (b"\x85", b"", frame(b"hi")):
+        response = http.post(
+            new_doc.url, params={"awareness": "default"}, headers=OCTET, content=body
+        )
+        assert_error(response, 404, "DOCUMENT_NOT_FOUND")
+    assert stored_streams(pg, new_doc.awareness_prefix) == []
 
 
 def test_named_awareness_streams_are_separate(http: httpx.Client, doc: DocRef) -> None:
@@ -1083,3 +1165,34 @@ def test_services_without_a_secret_are_open(locked: Any) -> None:
         assert client.get(url, params={"offset": "-1"}).status_code == 200
         with_other = client.put(url, headers={"Authorization": "Bearer whatever"})
         assert with_other.status_code == 200
+
+
+# -- Request body limit ----------------------------------------------------------------------------
+
+BODY_LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def limited(start_server: Any) -> Any:
+    """A server whose request bodies may hold at most BODY_LIMIT bytes."""
+    return start_server(env={"DS_LIMITS__MAX_REQUEST_BYTES": str(BODY_LIMIT)})
+
+
+def test_request_body_limit_bounds_awareness_and_updates(limited: Any) -> None:
+    """12.4, README (DS_LIMITS__MAX_REQUEST_BYTES): awareness bytes pass through unchecked,
+    but within the request body limit: one byte over it is 413 PAYLOAD_TOO_LARGE and stores
+    nothing; a body of exactly the limit is stored. Document updates are bounded the same."""
+    url = doc_url(SERVICE, f"tests/{unique('limited')}")
+    params = {"awareness": "default"}
+    with httpx.Client(base_url=limited.base_url, timeout=15) as client:
+        assert client.put(url).status_code == 201
+        over = client.post(url, params=params, headers=OCTET, content=b"\x85" * (BODY_LIMIT + 1))
+        assert_error(over, 413, "PAYLOAD_TOO_LARGE")
+        assert read_all(client, url, **params)[0] == b""
+        post_ok(client, url, b"\x85" * BODY_LIMIT, **params)
+        assert read_all(client, url, **params)[0] == b"\x85" * BODY_LIMIT
+
+        update = frame(Writer().edit("z" * BODY_LIMIT))
+        assert len(update) > BODY_LIMIT
+        assert_error(client.post(url, headers=OCTET, content=update), 413, "PAYLOAD_TOO_LARGE")
+        assert read_all(client, url)[0] == b""

@@ -3,16 +3,22 @@
 Compacts Yjs documents now, with the same code (and the same cross-process lock) the server
 uses after appends. Without ``--force`` only documents over YJS_COMPACTION_THRESHOLD_BYTES are
 compacted; ``--all`` selects every document (of ``--service`` if given).
+
+A document whose updates cannot be merged is reported (on stderr) and the others are still
+compacted; the command then exits with status 1. Without ``--force`` a document whose
+compaction failed before is reported with that failure and not tried again (its updates have
+not changed); ``--force`` retries it.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from yjs.compaction import bytes_since_snapshot, compact
+from yjs.compaction import CompactionFailure, bytes_since_snapshot, compact
 from yjs.models import YjsDocument
 
 
@@ -48,14 +54,29 @@ class Command(BaseCommand):
         if options["doc"] and not total:
             raise CommandError(f"no document {options['service']}/{options['doc']}")
         threshold = settings.YJS_COMPACTION_THRESHOLD_BYTES
+        force = options["force"]
         compacted = 0
+        failed: list[str] = []
         for index, document in enumerate(documents.iterator(), start=1):
-            pending = bytes_since_snapshot(document)
             label = f"[{index}/{total}] {document}"
-            if not options["force"] and pending <= threshold:
+            if document.compaction_failed_at is not None and not force:
+                self._failed(label, document.compaction_error, document.compaction_failed_at)
+                failed.append(str(document))
+                continue
+            pending = bytes_since_snapshot(document)
+            if not force and pending <= threshold:
                 self.stdout.write(f"{label}: {pending} bytes since the last snapshot, skipped")
                 continue
-            result = compact(document.pk, force=options["force"])
+            try:
+                result = compact(document.pk, force=force)
+            except Exception as exc:  # noqa: BLE001 - reported; the other documents go on
+                self.stderr.write(f"{label}: compaction failed: {type(exc).__name__}: {exc}")
+                failed.append(str(document))
+                continue
+            if isinstance(result, CompactionFailure):
+                self._failed(label, result.error, None if result.now else result.failed_at)
+                failed.append(str(document))
+                continue
             if result is None:
                 self.stdout.write(f"{label}: nothing to do (or compacting elsewhere)")
                 continue
@@ -65,3 +86,17 @@ class Command(BaseCommand):
                 f"{result.snapshot_bytes} bytes at {result.covers} in {result.seconds:.2f}s"
             )
         self.stdout.write(self.style.SUCCESS(f"Compacted {compacted} of {total} documents."))
+        if failed:
+            raise CommandError(
+                f"{len(failed)} of {total} documents could not be compacted: {', '.join(failed)}"
+            )
+
+    def _failed(self, label: str, error: str, earlier: datetime | None) -> None:
+        """Report a document whose updates cannot be merged: now, or ``earlier``."""
+        if earlier is None:
+            self.stderr.write(f"{label}: compaction failed, its updates cannot be merged: {error}")
+        else:
+            self.stderr.write(
+                f"{label}: compaction failed at {earlier.isoformat()}, its updates cannot be"
+                f" merged: {error}; not retried without --force"
+            )
