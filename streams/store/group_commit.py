@@ -1,12 +1,19 @@
-"""Group commit of appends to one stream (DESIGN.md, Storage: "one round trip + group commit").
+"""Group commit of appends, within a stream and across streams (DESIGN.md, Storage).
 
-Appends to one stream are serialized by its row lock, and with durable commits each transaction
-waits for its own WAL flush while holding that lock. So inside one process, while a stream has
-a batch in flight, later appends to it queue; when the batch commits, everything queued goes
-in the next batch: one lock, one transaction, one flush for all of them. Each request is still
-judged on its own inside the batch (``ds_append``), and is acknowledged only after the commit.
+With durable commits every transaction waits for its own WAL flush, and a stream's appends
+are serialized by its row lock. So inside one process:
 
-Across processes nothing changes: batches from different processes queue on the row lock.
+* per stream, while a batch is in flight, later appends queue, and when it commits everything
+  queued goes in the next batch (one lock, one statement for all of them);
+* across streams, at most ``MAX_TRANSACTIONS`` transactions are in flight at once; streams whose
+  appends are ready while every slot is busy wait, and the next free slot takes all of them in
+  ONE transaction (one commit, one WAL flush), each stream's batch still its own statement,
+  sent pipelined in one round trip.
+
+A lone append never waits: with a slot free it is written at once. Each request is judged on
+its own (``ds_append``), is acknowledged only after the commit, and an error nobody anticipated
+fails only its own request (``_after_failure``). Across processes, transactions simply queue on
+the row locks, taken in path order everywhere.
 """
 
 from __future__ import annotations
@@ -23,42 +30,55 @@ from streams import metrics
 from streams.errors import ProtocolError, ServiceUnavailable
 from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
-from streams.store.writes import append_batch
+from streams.store.writes import append_batch, append_batches
 
 logger = logging.getLogger(__name__)
 
-# Bounds on one batch, so a burst cannot build one giant transaction.
+# Bounds on one stream's batch, so a burst cannot build one giant statement...
 MAX_BATCH_REQUESTS = 256
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+# ... and on one transaction across streams.
+MAX_TRANSACTION_STREAMS = 64
+MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
+
+Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
+Batch = tuple[str, list[Pending]]
+Result = AppendResult | ProtocolError
+CommitListener = Callable[[list[AppendRequest], list[Result]], None]
 
 
 @dataclass
 class _StreamQueue:
-    pending: list[tuple[AppendRequest, asyncio.Future[AppendResult]]] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+    # A batch of this stream is being written: its next waits (one per stream in flight).
     running: bool = False
 
 
-CommitListener = Callable[[list[AppendRequest], list[AppendResult | ProtocolError]], None]
-
 _queues: dict[str, _StreamQueue] = {}
+# Streams with appends waiting and no batch in flight, oldest first (a dict: an ordered set).
+_ready: dict[str, None] = {}
+_in_flight = 0
 # Told about every batch after it was written (the service layer wakes live readers): the store
 # does not import live delivery.
 _listeners: list[CommitListener] = []
+# Running writer tasks, referenced so they are not garbage-collected mid-flight.
+_writers: set[asyncio.Task[None]] = set()
 
 
 def on_commit(listener: CommitListener) -> None:
     _listeners.append(listener)
 
 
-# Running writer tasks, referenced so they are not garbage-collected mid-flight.
-_writers: set[asyncio.Task[None]] = set()
+def max_transactions() -> int:
+    """Write transactions in flight at once per process: the pool's size less two, so reads
+    always find a connection."""
+    return max(1, settings.DS_DB_POOL_MAX_SIZE - 2)
 
 
 async def append(request: AppendRequest) -> AppendResult:
     """Append through the stream's queue; returns after commit or raises the request's error."""
     started = time.perf_counter()
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[AppendResult] = loop.create_future()
+    future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
     # If the client leaves, nobody awaits the outcome: mark it retrieved to keep logs quiet.
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
     queue = _queues.get(request.path)
@@ -66,20 +86,37 @@ async def append(request: AppendRequest) -> AppendResult:
         queue = _queues[request.path] = _StreamQueue()
     queue.pending.append((request, future))
     if not queue.running:
-        queue.running = True
-        # The writer is a task of its own: a client that disconnects mid-append cancels only
-        # its wait, never the transaction other requests share.
-        writer = loop.create_task(_drain(request.path, queue))
-        _writers.add(writer)
-        writer.add_done_callback(_writers.discard)
+        _ready[request.path] = None
+        _dispatch()
+    # The writer is a task of its own: a client that disconnects mid-append cancels only its
+    # wait, never the transaction other requests share.
     result = await asyncio.shield(future)
     metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
     return result
 
 
-def _take_batch(
-    queue: _StreamQueue,
-) -> list[tuple[AppendRequest, asyncio.Future[AppendResult]]]:
+def _dispatch() -> None:
+    """Start transactions for ready streams while slots are free."""
+    global _in_flight
+    while _ready and _in_flight < max_transactions():
+        batches: list[Batch] = []
+        size = 0
+        for path in list(_ready):
+            if len(batches) >= MAX_TRANSACTION_STREAMS or size > MAX_TRANSACTION_BYTES:
+                break
+            del _ready[path]
+            queue = _queues[path]
+            queue.running = True
+            batch = _take_batch(queue)
+            size += sum(request.size for request, _ in batch)
+            batches.append((path, batch))
+        _in_flight += 1
+        writer = asyncio.get_running_loop().create_task(_write(batches))
+        _writers.add(writer)
+        writer.add_done_callback(_writers.discard)
+
+
+def _take_batch(queue: _StreamQueue) -> list[Pending]:
     size = 0
     count = 0
     for request, _ in queue.pending:
@@ -91,42 +128,75 @@ def _take_batch(
     return batch
 
 
-async def _drain(path: str, queue: _StreamQueue) -> None:
+async def _write(batches: list[Batch]) -> None:
+    global _in_flight
     try:
-        while queue.pending:
-            batch = _take_batch(queue)
-            requests = [request for request, _ in batch]
-            unreachable = None
-            try:
-                results = await append_batch(
-                    path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES
-                )
-            except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
-                if isinstance(exc, ServiceUnavailable):
-                    unreachable = exc
-                results = await _after_failure(path, requests, exc)
-            for listener in _listeners:
-                try:
-                    listener(requests, results)
-                except Exception:  # a listener's failure must not fail acknowledged appends
-                    logger.exception("commit listener failed")
-            _count(requests, results)
-            for (_, future), result in zip(batch, results, strict=True):
-                _settle(future, result)
-            if unreachable is not None:
-                # The database is unreachable: what waits behind this batch would wait for
-                # a connection as long again, to the same answer.
-                for _, future in queue.pending:
-                    _settle(future, unreachable)
-                queue.pending.clear()
+        metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))
+        outcomes = await _outcomes(batches)
+        for (path, batch), (results, unreachable) in zip(batches, outcomes, strict=True):
+            _conclude(path, batch, results, unreachable)
     finally:
-        queue.running = False
-        if _queues.get(path) is queue and not queue.pending:
-            del _queues[path]
+        _in_flight -= 1
+        for path, _ in batches:
+            queue = _queues[path]
+            queue.running = False
+            if queue.pending:
+                _ready[path] = None
+            else:
+                del _queues[path]
+        _dispatch()
 
 
-def _count(requests: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:
-    metrics.BATCH_REQUESTS.observe(len(requests))
+async def _outcomes(batches: list[Batch]) -> list[tuple[list[Result], ServiceUnavailable | None]]:
+    """Each batch's results, and the error that says the database is unreachable, if so."""
+    requests = [[request for request, _ in batch] for _, batch in batches]
+    if len(batches) > 1:
+        try:
+            written = await append_batches(
+                [(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)],
+                max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+            )
+            return [(results, None) for results in written]
+        except ServiceUnavailable as unreachable:
+            return [([unreachable] * len(reqs), unreachable) for reqs in requests]
+        except Exception:  # noqa: BLE001 - some batch failed: each is judged alone now
+            logger.warning("a transaction of %d streams failed; writing each alone", len(batches))
+    return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]
+
+
+async def _alone(
+    path: str, requests: list[AppendRequest]
+) -> tuple[list[Result], ServiceUnavailable | None]:
+    try:
+        results = await append_batch(path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES)
+        return results, None
+    except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
+        unreachable = exc if isinstance(exc, ServiceUnavailable) else None
+        return await _after_failure(path, requests, exc), unreachable
+
+
+def _conclude(
+    path: str, batch: list[Pending], results: list[Result], unreachable: ServiceUnavailable | None
+) -> None:
+    requests = [request for request, _ in batch]
+    for listener in _listeners:
+        try:
+            listener(requests, results)
+        except Exception:  # a listener's failure must not fail acknowledged appends
+            logger.exception("commit listener failed")
+    _count(requests, results)
+    for (_, future), result in zip(batch, results, strict=True):
+        _settle(future, result)
+    if unreachable is not None:
+        # The database is unreachable: what waits behind this batch would wait for a
+        # connection as long again, to the same answer.
+        queue = _queues[path]
+        for _, future in queue.pending:
+            _settle(future, unreachable)
+        queue.pending.clear()
+
+
+def _count(requests: list[AppendRequest], results: list[Result]) -> None:
     stored = 0
     for request, result in zip(requests, results, strict=True):
         if isinstance(result, ProtocolError):
@@ -140,7 +210,7 @@ def _count(requests: list[AppendRequest], results: list[AppendResult | ProtocolE
         metrics.APPEND_BYTES.inc(stored)
 
 
-def _settle(future: asyncio.Future[AppendResult], result: AppendResult | ProtocolError) -> None:
+def _settle(future: asyncio.Future[AppendResult], result: Result) -> None:
     if future.done():
         return
     if isinstance(result, ProtocolError):
@@ -149,9 +219,7 @@ def _settle(future: asyncio.Future[AppendResult], result: AppendResult | Protoco
         future.set_result(result)
 
 
-async def _after_failure(
-    path: str, requests: list[AppendRequest], exc: Exception
-) -> list[AppendResult | ProtocolError]:
+async def _after_failure(path: str, requests: list[AppendRequest], exc: Exception) -> list[Result]:
     """The verdicts of a batch whose statement failed. A batch is one transaction, so nothing
     of it was stored. When the database was unreachable, every request answers that (503).
     Otherwise some request's input made the statement fail, an error nobody anticipated: each
@@ -167,7 +235,7 @@ async def _after_failure(
         else:
             logger.warning("append to %r refused by the store: %s", path, str(exc).strip()[:200])
         return [refusal]
-    results: list[AppendResult | ProtocolError] = []
+    results: list[Result] = []
     for request in requests:
         try:
             results.extend(

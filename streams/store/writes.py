@@ -107,6 +107,47 @@ async def append_batch(
 ) -> list[AppendResult | ProtocolError]:
     """Append several requests to one stream in one transaction; one result per request, in
     order, each either a success or the error that request must answer."""
+    rows = await _execute(_APPEND_SQL, _append_params(path, requests, max_stream_bytes))
+    return _append_results(requests, rows)
+
+
+async def append_batches(
+    batches: list[tuple[str, list[AppendRequest]]], *, max_stream_bytes: int
+) -> list[list[AppendResult | ProtocolError]]:
+    """Append batches to several streams in ONE transaction (one commit, one WAL flush for
+    all), each stream's batch judged as ``append_batch`` judges it. The statements are sent
+    pipelined (one round trip) in the order of the stream paths, the order every process
+    locks streams in, so two such transactions cannot deadlock on each other's streams. If
+    any statement fails, nothing is stored and the error is raised (the caller judges each
+    batch alone then)."""
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    for attempt in range(RETRIES):
+        try:
+            async with connection() as conn, conn.transaction():
+                async with conn.pipeline():
+                    cursors = [
+                        await conn.execute(
+                            _APPEND_SQL,
+                            _append_params(batches[i][0], batches[i][1], max_stream_bytes),
+                        )
+                        for i in order
+                    ]
+                rows = [await cursor.fetchall() for cursor in cursors]
+            break
+        except (errors.DeadlockDetected, errors.SerializationFailure):
+            if attempt == RETRIES - 1:
+                raise
+            logger.warning("retrying appends after a lock conflict (attempt %d)", attempt + 1)
+            await asyncio.sleep(0.005 * (attempt + 1))
+    results: list[list[AppendResult | ProtocolError]] = [[] for _ in batches]
+    for i, stream_rows in zip(order, rows, strict=True):
+        results[i] = _append_results(batches[i][1], stream_rows)
+    return results
+
+
+def _append_params(
+    path: str, requests: list[AppendRequest], max_stream_bytes: int
+) -> tuple[Any, ...]:
     descriptors = []
     lengths: list[str] = []
     owners: list[str] = []
@@ -127,7 +168,7 @@ async def append_batch(
         )
         lengths.extend(str(len(message)) for message in request.messages)
         owners.extend([str(index)] * len(request.messages))
-    params = (
+    return (
         path,
         json.dumps(descriptors),
         "{" + ",".join(lengths) + "}",
@@ -135,7 +176,11 @@ async def append_batch(
         b"".join(message for request in requests for message in request.messages),
         max_stream_bytes,
     )
-    rows = await _execute(_APPEND_SQL, params)
+
+
+def _append_results(
+    requests: list[AppendRequest], rows: list[tuple[Any, ...]]
+) -> list[AppendResult | ProtocolError]:
     return [_append_result(request, row) for request, row in zip(requests, rows, strict=True)]
 
 

@@ -307,3 +307,63 @@ def test_outcome_types_match_the_database(pg: Any) -> None:
 
 
 Scenario = Callable[[], Awaitable[None]]
+
+
+def test_mixed_batches_on_several_streams_in_one_transaction(path: str) -> None:
+    """One transaction carries batches of three streams (writes.append_batches); each request
+    gets the verdict it would get alone, and each stream holds only its accepted appends."""
+
+    async def scenario() -> tuple[list[list[Any]], list[bytes]]:
+        paths = [f"{path}-b", f"{path}-a", f"{path}-c"]  # not in lock (path) order
+        for stream in paths:
+            await create(stream)
+            await batch(stream, append(stream, b"0", producer=("p", 1, 0)))
+        results = await writes.append_batches(
+            [
+                (paths[0], [append(paths[0], b"1", producer=("p", 1, 1)),
+                            append(paths[0], b"1", producer=("p", 1, 1))]),  # duplicate
+                (paths[1], [append(paths[1], b"2", producer=("p", 1, 5)),  # gap
+                            append(paths[1], b"3", producer=("p", 1, 1))]),
+                (paths[2], [append(paths[2], b"4", producer=("p", 0, 1)),  # stale epoch
+                            append(paths[2], b"5")]),
+            ],
+            max_stream_bytes=MAX,
+        )  # fmt: skip
+        return results, [await content(stream) for stream in paths]
+
+    (first, second, third), stored = run(scenario)
+    assert isinstance(first[0], AppendResult) and not first[0].duplicate
+    assert isinstance(first[1], AppendResult) and first[1].duplicate
+    expect(second[0], Conflict, 409, Producer_Expected_Seq="1", Producer_Received_Seq="5")
+    assert isinstance(second[1], AppendResult) and second[1].next_offset == Offset(2, 2)
+    expect(third[0], Forbidden, 403, Producer_Epoch="1")
+    assert isinstance(third[1], AppendResult) and third[1].next_offset == Offset(2, 2)
+    assert stored == [b"01", b"03", b"05"]
+
+
+def test_a_request_failing_a_transaction_of_several_streams_fails_alone(path: str) -> None:
+    """Group commit across streams: when one stream's batch makes the shared transaction fail,
+    every other stream's appends are stored, once, and only the request at fault fails."""
+
+    async def scenario() -> list[Any]:
+        paths = [f"{path}-{n}" for n in range(6)]
+        for stream in paths:
+            await create(stream)
+        bad = append(paths[3], b"!", producer=(secrets.token_urlsafe(6000), 0, 0))
+        requests = [append(stream, stream[-1:].encode()) for stream in paths] + [bad]
+        # Every write slot taken while the appends arrive, so that they wait together and the
+        # slot that frees takes all seven streams in one transaction.
+        group_commit._in_flight = group_commit.max_transactions()
+        tasks = [asyncio.ensure_future(group_commit.append(r)) for r in requests]
+        await asyncio.sleep(0)
+        assert len(group_commit._ready) == 6
+        group_commit._in_flight = 0
+        group_commit._dispatch()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return [*results, *[await content(stream) for stream in paths]]
+
+    outcome = run(scenario)
+    results, stored = outcome[:7], outcome[7:]
+    assert all(isinstance(r, AppendResult) for r in results[:6]), results
+    assert isinstance(results[6], ProtocolError) and 400 <= results[6].status < 500
+    assert stored == [str(n).encode() for n in range(6)]
