@@ -9,12 +9,11 @@ from pathlib import Path
 
 
 def share_metrics_directory() -> None:
-    """Count metrics in files shared by the workers of this server (prometheus-client's
-    multiprocess mode reads ``PROMETHEUS_MULTIPROC_DIR`` when it is imported): one directory
-    per server start, named after the server (the uvicorn supervisor when there are workers)
-    and its start time, so a reused pid is another server. ``PROMETHEUS_MULTIPROC_DIR`` set
-    by the operator wins; ``DS_METRICS__ENABLED=false`` turns metrics off."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    """The directory where the workers of this server leave their metrics (streams.metrics):
+    one per server start, named after the server (the uvicorn supervisor when there are
+    workers) and its start time, so a reused pid is another server. ``DS_METRICS__DIR`` set by
+    the operator wins; ``DS_METRICS__ENABLED=false`` turns metrics off."""
+    if os.environ.get("DS_METRICS__DIR"):
         return
     if os.environ.get("DS_METRICS__ENABLED", "true").lower() in ("false", "0", "no", "off"):
         return
@@ -24,7 +23,7 @@ def share_metrics_directory() -> None:
         Path(tempfile.gettempdir()) / "durable-streams-metrics" / f"{owner}-{_started(owner)}"
     )
     directory.mkdir(parents=True, exist_ok=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    os.environ["DS_METRICS__DIR"] = str(directory)
 
 
 def _started(pid: int) -> str:

@@ -79,8 +79,13 @@ async def _count_pool() -> None:
     count_connections()
 
 
+async def _flush_metrics() -> None:
+    await asyncio.to_thread(metrics.flush)
+
+
 on_startup(maintenance.ensure_started, maintenance.stop)
 on_startup(_periodic("ds-pool-gauges", POOL_GAUGE_SECS, _count_pool))
+on_startup(_periodic("ds-metrics-flush", metrics.FLUSH_SECS, _flush_metrics))
 
 
 def ensure_started() -> None:

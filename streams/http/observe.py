@@ -10,6 +10,7 @@ may carry a signed URL's signature), status and duration: never a body or a cred
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -77,7 +78,12 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
             return value.decode()
-    return os.urandom(8).hex()
+    # Unique without a system call per request: this process's random prefix and a counter.
+    return f"{_PREFIX}{next(_numbers) & 0xFFFFFFFF:08x}"
+
+
+_PREFIX = os.urandom(4).hex()
+_numbers = itertools.count()
 
 
 # Route families of the URLs Django serves (labels must stay few: never a path).
