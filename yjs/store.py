@@ -7,9 +7,9 @@ from django.conf import settings
 
 from streams.errors import NotFound
 from streams.protocol.offsets import Offset
+from streams.store import create_commit
 from streams.store.pool import connection
 from streams.store.types import CreateRequest, CreateResult
-from streams.store.writes import create_stream
 from yjs.paths import DocRef
 
 OCTET_STREAM = "application/octet-stream"
@@ -38,7 +38,7 @@ async def _create_stream(path: str, *, ttl_seconds: int | None) -> CreateResult:
         closed=False,
         messages=[],
     )
-    return await create_stream(request, max_stream_bytes=settings.DS_MAX_STREAM_BYTES)
+    return await create_commit.create(request)
 
 
 async def create_document(doc: DocRef) -> CreateResult:

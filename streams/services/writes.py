@@ -16,7 +16,7 @@ from streams.protocol import headers as h
 from streams.protocol import json_mode
 from streams.protocol.headers import ProducerTuple
 from streams.protocol.offsets import Offset
-from streams.store import group_commit, reads, writes
+from streams.store import create_commit, group_commit, reads, writes
 from streams.store.types import (
     AppendRequest,
     AppendResult,
@@ -72,7 +72,7 @@ async def create_stream(
         )
     else:
         messages = [body] if body else []
-    return await writes.create_stream(
+    return await create_commit.create(
         CreateRequest(
             path=path,
             content_type=content_type or (None if fork else h.DEFAULT_CONTENT_TYPE),
@@ -82,8 +82,7 @@ async def create_stream(
             messages=messages,
             fork=fork,
             created_by=principal.label,
-        ),
-        max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+        )
     )
 
 

@@ -65,8 +65,13 @@ async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[t
 
 
 async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> CreateResult:
+    (row,) = await _execute(_CREATE_SQL, _create_params(request, max_stream_bytes))
+    return _create_result(row)
+
+
+def _create_params(request: CreateRequest, max_stream_bytes: int) -> tuple[Any, ...]:
     fork = request.fork
-    params = (
+    return (
         request.path,
         request.content_type,
         request.ttl_seconds,
@@ -80,7 +85,9 @@ async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> Cre
         fork.sub_offset if fork else 0,
         request.created_by,
     )
-    (row,) = await _execute(_CREATE_SQL, params)
+
+
+def _create_result(row: tuple[Any, ...]) -> CreateResult:
     outcome = CreateOutcome(row[0])
     if outcome not in CREATE_SUCCESSES:
         raise CREATE_ERRORS[outcome]()
@@ -115,34 +122,68 @@ async def append_batches(
     batches: list[tuple[str, list[AppendRequest]]], *, max_stream_bytes: int
 ) -> list[list[AppendResult | ProtocolError]]:
     """Append batches to several streams in ONE transaction (one commit, one WAL flush for
-    all), each stream's batch judged as ``append_batch`` judges it. The statements are sent
-    pipelined (one round trip) in the order of the stream paths, the order every process
-    locks streams in, so two such transactions cannot deadlock on each other's streams. If
-    any statement fails, nothing is stored and the error is raised (the caller judges each
-    batch alone then)."""
-    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    all), each stream's batch judged as ``append_batch`` judges it. If any statement fails,
+    nothing is stored and the error is raised (the caller judges each batch alone then)."""
+    rows = await _execute_together(
+        [
+            (path, _APPEND_SQL, _append_params(path, requests, max_stream_bytes))
+            for path, requests in batches
+        ]
+    )
+    return [
+        _append_results(requests, stream_rows)
+        for (_, requests), stream_rows in zip(batches, rows, strict=True)
+    ]
+
+
+async def create_streams(
+    requests: list[CreateRequest], *, max_stream_bytes: int
+) -> list[CreateResult | ProtocolError]:
+    """Several creates in ONE transaction (one commit, one WAL flush, one hold of the
+    registry's lock for all: state/sql records every create in the __registry__ stream), each
+    judged as ``create_stream`` judges it. If any statement fails, nothing is stored and the
+    error is raised (the caller creates each alone then)."""
+    rows = await _execute_together(
+        [
+            (request.path, _CREATE_SQL, _create_params(request, max_stream_bytes))
+            for request in requests
+        ]
+    )
+    results: list[CreateResult | ProtocolError] = []
+    for (row,) in rows:
+        try:
+            results.append(_create_result(row))
+        except ProtocolError as error:
+            results.append(error)
+    return results
+
+
+async def _execute_together(
+    statements: list[tuple[str, str, tuple[Any, ...]]],
+) -> list[list[tuple[Any, ...]]]:
+    """Statements ``(stream path, sql, params)`` in one transaction, sent pipelined (one round
+    trip) in the order of their stream paths, the order every process locks streams in, so
+    two such transactions cannot deadlock on each other's streams; the rows of each, in the
+    order given."""
+    order = sorted(range(len(statements)), key=lambda i: statements[i][0])
     for attempt in range(RETRIES):
         try:
             async with connection() as conn, conn.transaction():
                 async with conn.pipeline():
                     cursors = [
-                        await conn.execute(
-                            _APPEND_SQL,
-                            _append_params(batches[i][0], batches[i][1], max_stream_bytes),
-                        )
-                        for i in order
+                        await conn.execute(statements[i][1], statements[i][2]) for i in order
                     ]
-                rows = [await cursor.fetchall() for cursor in cursors]
-            break
+                fetched = [await cursor.fetchall() for cursor in cursors]
+            rows: list[list[tuple[Any, ...]]] = [[] for _ in statements]
+            for i, statement_rows in zip(order, fetched, strict=True):
+                rows[i] = statement_rows
+            return rows
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == RETRIES - 1:
                 raise
-            logger.warning("retrying appends after a lock conflict (attempt %d)", attempt + 1)
+            logger.warning("retrying writes after a lock conflict (attempt %d)", attempt + 1)
             await asyncio.sleep(0.005 * (attempt + 1))
-    results: list[list[AppendResult | ProtocolError]] = [[] for _ in batches]
-    for i, stream_rows in zip(order, rows, strict=True):
-        results[i] = _append_results(batches[i][1], stream_rows)
-    return results
+    raise AssertionError("unreachable")
 
 
 def _append_params(
