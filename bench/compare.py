@@ -41,7 +41,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,16 @@ def tree_cpu(root: int) -> float:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
     return ticks / CLOCK_TICKS
+
+
+def machine_load() -> str:
+    """The 1-minute load average, and the share of the last minute in which some runnable task
+    waited for a CPU (Linux pressure stall information): how busy the machine was."""
+    text = f"load {os.getloadavg()[0]:.1f}"
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        some = Path("/proc/pressure/cpu").read_text().split()[2]  # "avg60=12.34"
+        text += f", CPU pressure {float(some.split('=')[1]):.0f}%"
+    return text
 
 
 def client_cpu() -> float:
@@ -444,158 +454,227 @@ async def gather_limited(limit: int, coroutines: list[Awaitable[Any]]) -> list[A
 
 
 # --------------------------------------------------------------------------------------------
-# Workloads: each returns its figures (row key -> value)
+# Workloads. Each runs on one server through a Context: prepare() (streams, data, warm-up; not
+# timed), then measure() in slices, then finish() (read back, check, figures). The runner
+# interleaves the two servers' slices (ours, node, node, ours, ...), so that a burst of noise
+# from whatever else runs on the machine falls on both rather than on one.
 
 
-async def writers_workload(
-    ctx: Context,
-    name: str,
-    writers: int,
-    per_writer: int,
-    size: int,
-    shared_stream: bool,
-    idempotent: bool,
-    warmup: int,
-) -> tuple[float, int]:
-    """``writers`` writers, one append in flight each; returns (seconds, bytes) of the timed
-    appends. The warm-up appends (not timed) open the connections."""
-    urls = (
-        [ctx.path(f"{name}/shared")] * writers
-        if shared_stream
-        else [ctx.path(f"{name}/w{i}") for i in range(writers)]
-    )
-    for url in dict.fromkeys(urls):
-        await ctx.create(url)
-    acked: dict[str, list[int]] = {f"w{i}": [] for i in range(writers)}
+def share(total: int, part: int, parts: int) -> range:
+    """Part ``part`` of ``parts`` of ``range(total)``."""
+    return range(total * part // parts, total * (part + 1) // parts)
 
-    async def writer(index: int, seqs: range) -> None:
+
+class Workload:
+    slices = 4
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def prepare(self) -> None:
+        pass
+
+    async def measure(self, part: int, parts: int) -> None:
+        raise NotImplementedError
+
+    async def finish(self) -> Figures:
+        raise NotImplementedError
+
+
+class Writers(Workload):
+    """Writers with one append in flight each, on streams of their own or on one shared stream
+    (idempotent producers there); figure: records or bytes per second."""
+
+    key = ""
+    writers = 16
+    per_writer = (500, 30)  # full, quick
+    size = 100
+    shared = False
+    idempotent = False
+    warmup = 5
+
+    async def prepare(self) -> None:
+        ctx = self.ctx
+        self.count = ctx.n(*self.per_writer)
+        self.urls = (
+            [ctx.path("shared")] * self.writers
+            if self.shared
+            else [ctx.path(f"w{i}") for i in range(self.writers)]
+        )
+        for url in dict.fromkeys(self.urls):
+            await ctx.create(url)
+        self.acked: dict[str, list[int]] = {f"w{i}": [] for i in range(self.writers)}
+        self.seconds = 0.0
+        await asyncio.gather(*(self.writer(i, range(self.warmup)) for i in range(self.writers)))
+
+    async def writer(self, index: int, seqs: range) -> None:
         tag = f"w{index}"
         for seq in seqs:
             headers = (
-                producer_headers("application/octet-stream", tag, seq) if idempotent else BINARY
+                producer_headers("application/octet-stream", tag, seq)
+                if self.idempotent
+                else BINARY
             )
-            await ctx.append(urls[index], record(tag, seq, size), headers)
-            acked[tag].append(seq)
+            await self.ctx.append(self.urls[index], record(tag, seq, self.size), headers)
+            self.acked[tag].append(seq)
 
-    await asyncio.gather(*(writer(i, range(warmup)) for i in range(writers)))
-    with ctx.timed():
-        start = time.perf_counter()
-        await asyncio.gather(
-            *(writer(i, range(warmup, warmup + per_writer)) for i in range(writers))
-        )
-        elapsed = time.perf_counter() - start
-    for url in dict.fromkeys(urls):
-        expected = acked if shared_stream else {f"w{urls.index(url)}": acked[f"w{urls.index(url)}"]}
-        await ctx.verify(url, size, expected)
-    return elapsed, writers * per_writer * size
-
-
-async def own_streams(ctx: Context) -> Figures:
-    per = ctx.n(500, 30)
-    seconds, _ = await writers_workload(ctx, "own", 16, per, 100, False, False, 5)
-    return {"own_streams": 16 * per / seconds}
-
-
-async def idempotent(ctx: Context) -> Figures:
-    per = ctx.n(500, 30)
-    seconds, _ = await writers_workload(ctx, "idem", 16, per, 100, True, True, 5)
-    return {"idempotent": 16 * per / seconds}
-
-
-async def append_64k(ctx: Context) -> Figures:
-    seconds, written = await writers_workload(
-        ctx, "a64k", 8, ctx.n(160, 6), 64 * 1024, False, False, 2
-    )
-    return {"append_64k": written / seconds / 1e6}
-
-
-async def append_1m(ctx: Context) -> Figures:
-    seconds, written = await writers_workload(
-        ctx, "a1m", 4, ctx.n(40, 3), 1024 * 1024, False, False, 1
-    )
-    return {"append_1m": written / seconds / 1e6}
-
-
-async def timed_reads(ctx: Context, url: str, reads: int) -> tuple[float, list[bytes]]:
-    """One warm-up catch-up read, then ``reads`` timed ones; the median seconds of one read,
-    and the parts of the last."""
-    parts = await ctx.read_all(url)
-    times = []
-    for _ in range(reads):
-        with ctx.timed():
+    async def measure(self, part: int, parts: int) -> None:
+        seqs = share(self.count, part, parts)
+        seqs = range(self.warmup + seqs.start, self.warmup + seqs.stop)
+        with self.ctx.timed():
             start = time.perf_counter()
-            parts = await ctx.read_all(url)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), parts
+            await asyncio.gather(*(self.writer(i, seqs) for i in range(self.writers)))
+            self.seconds += time.perf_counter() - start
+
+    async def finish(self) -> Figures:
+        for index, url in enumerate(self.urls):
+            tag = f"w{index}"
+            if not self.shared:
+                await self.ctx.verify(url, self.size, {tag: self.acked[tag]})
+        if self.shared:
+            await self.ctx.verify(self.urls[0], self.size, self.acked)
+        records = self.writers * self.count
+        return {self.key: self.figure(records, self.seconds)}
+
+    def figure(self, records: int, seconds: float) -> float:
+        return records / seconds
 
 
-async def catchup_json(ctx: Context) -> Figures:
-    url = ctx.path("catchup-json")
-    await ctx.create(url, "application/json")
-    count, batch = ctx.n(20_000, 2_000), 500
-    pad = "z" * 170
-    encoded = [
-        json.dumps({"w": "j", "seq": i, "pad": pad}, separators=(",", ":")) for i in range(count)
-    ]
-    headers = {"Content-Type": "application/json"}
-    for first in range(0, count, batch):
-        body = "[" + ",".join(encoded[first : first + batch]) + "]"
-        await ctx.append(url, body.encode(), headers)
-    seconds, parts = await timed_reads(ctx, url, ctx.n(10, 2))
-    items: list[Any] = []
-    for part in parts:
-        items.extend(json.loads(part) if part.strip() else [])
-    got: dict[str, list[int]] = defaultdict(list)
-    for item in items:
-        got[item["w"]].append(item["seq"])
-        if item["pad"] != pad:
-            raise VerificationError(f"{url}: message {item['seq']} corrupt")
-    compare_sequences(url, got, {"j": list(range(count))}, ordered=True)
-    # MB/s of the messages' own JSON (as appended), not of the response bytes: the two servers
-    # may lay the array out differently.
-    payload = sum(len(e) for e in encoded)
-    return {"catchup_json": payload / seconds / 1e6}
+class OwnStreams(Writers):
+    key = "own_streams"
 
 
-async def catchup_binary(ctx: Context) -> Figures:
-    url = ctx.path("catchup-bin")
-    await ctx.create(url)
-    count, size = ctx.n(80, 16), 64 * 1024
-    for seq in range(count):
-        await ctx.append(url, record("b", seq, size), BINARY)
-    seconds, parts = await timed_reads(ctx, url, ctx.n(20, 3))
-    check_records(url, b"".join(parts), size, {"b": list(range(count))})
-    return {"catchup_binary": count * size / seconds / 1e6}
+class Idempotent(Writers):
+    key = "idempotent"
+    shared = True
+    idempotent = True
 
 
-async def rtt(ctx: Context) -> Figures:
-    url = ctx.path("rtt")
-    await ctx.create(url)
-    samples, count = [], ctx.n(1000, 50)
-    for seq in range(20):
-        await ctx.append(url, record("r", seq, 100), BINARY)
-    with ctx.timed():
-        for seq in range(20, 20 + count):
-            start = time.perf_counter()
-            await ctx.append(url, record("r", seq, 100), BINARY)
-            samples.append((time.perf_counter() - start) * 1000)
-    await ctx.verify(url, 100, {"r": list(range(20 + count))})
-    return {"rtt": percentile(samples, 0.5)}
+class Append64K(Writers):
+    key = "append_64k"
+    writers, per_writer, size, warmup = 8, (160, 8), 64 * 1024, 2
+
+    def figure(self, records: int, seconds: float) -> float:
+        return records * self.size / seconds / 1e6
+
+
+class Append1M(Writers):
+    key = "append_1m"
+    writers, per_writer, size, warmup = 4, (40, 4), 1024 * 1024, 1
+
+    def figure(self, records: int, seconds: float) -> float:
+        return records * self.size / seconds / 1e6
+
+
+class CatchUp(Workload):
+    """Catch-up reads from -1 of a stream written once; figure: MB/s of one read (median)."""
+
+    async def timed_read(self, reads: int) -> None:
+        for _ in range(reads):
+            with self.ctx.timed():
+                start = time.perf_counter()
+                self.parts = await self.ctx.read_all(self.url)
+                self.times.append(time.perf_counter() - start)
+
+    async def measure(self, part: int, parts: int) -> None:
+        await self.timed_read(len(share(self.reads, part, parts)))
+
+
+class CatchUpJson(CatchUp):
+    async def prepare(self) -> None:
+        ctx = self.ctx
+        self.url = ctx.path("catchup-json")
+        await ctx.create(self.url, "application/json")
+        self.count, batch, self.reads = ctx.n(20_000, 2_000), 500, ctx.n(12, 4)
+        self.pad = "z" * 170
+        encoded = [
+            json.dumps({"w": "j", "seq": i, "pad": self.pad}, separators=(",", ":"))
+            for i in range(self.count)
+        ]
+        # MB/s of the messages' own JSON (as appended), not of the response bytes: the two
+        # servers may lay the array out differently.
+        self.payload = sum(len(e) for e in encoded)
+        headers = {"Content-Type": "application/json"}
+        for first in range(0, self.count, batch):
+            body = "[" + ",".join(encoded[first : first + batch]) + "]"
+            await ctx.append(self.url, body.encode(), headers)
+        self.times: list[float] = []
+        self.parts = await ctx.read_all(self.url)  # warm-up
+
+    async def finish(self) -> Figures:
+        items: list[Any] = []
+        for part in self.parts:
+            items.extend(json.loads(part) if part.strip() else [])
+        got: dict[str, list[int]] = defaultdict(list)
+        for item in items:
+            got[item["w"]].append(item["seq"])
+            if item["pad"] != self.pad:
+                raise VerificationError(f"{self.url}: message {item['seq']} corrupt")
+        compare_sequences(self.url, got, {"j": list(range(self.count))}, ordered=True)
+        return {"catchup_json": self.payload / statistics.median(self.times) / 1e6}
+
+
+class CatchUpBinary(CatchUp):
+    async def prepare(self) -> None:
+        ctx = self.ctx
+        self.url = ctx.path("catchup-bin")
+        await ctx.create(self.url)
+        self.count, self.size, self.reads = ctx.n(80, 16), 64 * 1024, ctx.n(24, 4)
+        for seq in range(self.count):
+            await ctx.append(self.url, record("b", seq, self.size), BINARY)
+        self.times: list[float] = []
+        self.parts = await ctx.read_all(self.url)  # warm-up
+
+    async def finish(self) -> Figures:
+        check_records(self.url, b"".join(self.parts), self.size, {"b": list(range(self.count))})
+        return {"catchup_binary": self.count * self.size / statistics.median(self.times) / 1e6}
+
+
+class Rtt(Workload):
+    """One client, one append at a time; figure: round trip p50."""
+
+    async def prepare(self) -> None:
+        self.url = self.ctx.path("rtt")
+        await self.ctx.create(self.url)
+        self.count, self.samples = self.ctx.n(1000, 48), []
+        for seq in range(20):
+            await self.ctx.append(self.url, record("r", seq, 100), BINARY)
+
+    async def measure(self, part: int, parts: int) -> None:
+        with self.ctx.timed():
+            for seq in share(self.count, part, parts):
+                start = time.perf_counter()
+                await self.ctx.append(self.url, record("r", 20 + seq, 100), BINARY)
+                self.samples.append((time.perf_counter() - start) * 1000)
+
+    async def finish(self) -> Figures:
+        await self.ctx.verify(self.url, 100, {"r": list(range(20 + self.count))})
+        return {"rtt": percentile(self.samples, 0.5)}
 
 
 TEXT = {"Content-Type": "text/plain"}
 
 
-async def sse(ctx: Context) -> Figures:
-    url = ctx.path("sse")
-    tail = await ctx.create(url, "text/plain")
-    size, count, warmup = 10, ctx.n(500, 30), 10
-    arrived: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
+class Sse(Workload):
+    """One SSE subscriber; append, wait for the event, repeat; figure: append sent -> event
+    received, p50."""
 
-    async def reader() -> None:
+    size, warmup = 10, 10
+
+    async def prepare(self) -> None:
+        ctx = self.ctx
+        self.url = ctx.path("sse")
+        tail = await ctx.create(self.url, "text/plain")
+        self.count, self.samples, self.next = ctx.n(500, 48), [], 0
+        self.arrived: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
+        self.reader = asyncio.create_task(self.read(tail))
+        await asyncio.sleep(0.3)
+        await self.round_trips(self.warmup, keep=False)
+
+    async def read(self, tail: str) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         params = {"offset": tail, "live": "sse"}
-        async with ctx.session.get(url, params=params, timeout=timeout) as response:
+        async with self.ctx.session.get(self.url, params=params, timeout=timeout) as response:
             rest = b""
             async for chunk in response.content.iter_any():
                 now = time.perf_counter()
@@ -604,231 +683,296 @@ async def sse(ctx: Context) -> Figures:
                 rest = data[cut:]
                 for line in data[:cut].split(b"\n"):
                     if line.startswith(b"data:") and b"#" in line:
-                        seq = int(line.split(b"#", 1)[1][:7])
-                        arrived.put_nowait((seq, now))
+                        self.arrived.put_nowait((int(line.split(b"#", 1)[1][:7]), now))
 
-    task = asyncio.create_task(reader())
-    await asyncio.sleep(0.3)
-    samples = []
-    try:
-        with ctx.timed():
-            for seq in range(warmup + count):
-                start = time.perf_counter()
-                await ctx.append(url, record("s", seq, size), TEXT)
-                got, received = await asyncio.wait_for(arrived.get(), 10)
-                if got != seq:
-                    raise VerificationError(f"{url}: SSE delivered {got}, expected {seq}")
-                if seq >= warmup:
-                    samples.append((received - start) * 1000)
-    finally:
-        task.cancel()
+    async def round_trips(self, count: int, keep: bool) -> None:
+        for _ in range(count):
+            seq, self.next = self.next, self.next + 1
+            start = time.perf_counter()
+            await self.ctx.append(self.url, record("s", seq, self.size), TEXT)
+            got, received = await asyncio.wait_for(self.arrived.get(), 10)
+            if got != seq:
+                raise VerificationError(f"{self.url}: SSE delivered {got}, expected {seq}")
+            if keep:
+                self.samples.append((received - start) * 1000)
+
+    async def measure(self, part: int, parts: int) -> None:
+        with self.ctx.timed():
+            await self.round_trips(len(share(self.count, part, parts)), keep=True)
+
+    async def finish(self) -> Figures:
+        self.reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
-    await ctx.verify(url, size, {"s": list(range(warmup + count))})
-    return {"sse": percentile(samples, 0.5)}
+            await self.reader
+        await self.ctx.verify(self.url, self.size, {"s": list(range(self.next))})
+        return {"sse": percentile(self.samples, 0.5)}
 
 
-async def long_poll(ctx: Context) -> Figures:
-    url = ctx.path("long-poll")
-    offset = await ctx.create(url, "text/plain")
-    size, count = 10, ctx.n(500, 30)
-    samples = []
+class LongPoll(Workload):
+    """A long-poll waiting at the tail, then an append; figure: append sent -> poll answered,
+    p50."""
 
-    async def poll(offset: str) -> tuple[int, bytes, str]:
+    size, warmup = 10, 5
+
+    async def prepare(self) -> None:
+        self.url = self.ctx.path("long-poll")
+        self.offset = await self.ctx.create(self.url, "text/plain")
+        self.count, self.samples, self.next = self.ctx.n(500, 48), [], 0
+        await self.round_trips(self.warmup, keep=False)
+
+    async def poll(self, offset: str) -> tuple[int, bytes, str]:
         params = {"offset": offset, "live": "long-poll"}
-        async with ctx.session.get(url, params=params) as response:
+        async with self.ctx.session.get(self.url, params=params) as response:
             return response.status, await response.read(), response.headers["Stream-Next-Offset"]
 
-    with ctx.timed():
-        for seq in range(count + 5):
-            task = asyncio.create_task(poll(offset))
+    async def round_trips(self, count: int, keep: bool) -> None:
+        for _ in range(count):
+            seq, self.next = self.next, self.next + 1
+            task = asyncio.create_task(self.poll(self.offset))
             await asyncio.sleep(0.002)  # let the poll reach the server and wait
             start = time.perf_counter()
-            await ctx.append(url, record("l", seq, size), TEXT)
-            status, body, offset = await task
-            if seq >= 5:
-                samples.append((time.perf_counter() - start) * 1000)
-            if status != 200 or body != record("l", seq, size):
-                raise VerificationError(f"{url}: long-poll answered {status} {body[:40]!r}")
-    await ctx.verify(url, size, {"l": list(range(count + 5))})
-    return {"long_poll": percentile(samples, 0.5)}
+            await self.ctx.append(self.url, record("l", seq, self.size), TEXT)
+            status, body, self.offset = await task
+            if keep:
+                self.samples.append((time.perf_counter() - start) * 1000)
+            if status != 200 or body != record("l", seq, self.size):
+                raise VerificationError(f"{self.url}: long-poll answered {status} {body[:40]!r}")
+
+    async def measure(self, part: int, parts: int) -> None:
+        with self.ctx.timed():
+            await self.round_trips(len(share(self.count, part, parts)), keep=True)
+
+    async def finish(self) -> Figures:
+        await self.ctx.verify(self.url, self.size, {"l": list(range(self.next))})
+        return {"long_poll": percentile(self.samples, 0.5)}
 
 
 FANOUT_DRAIN_SECS = 10.0  # after the last append, how long late deliveries may still arrive
 
 
-async def fanout(ctx: Context) -> Figures:
+class Fanout(Workload):
     """SSE subscribers (1,000) on one stream, one writer at 100 appends/s for 10 s (one append
     in flight: a server slower than 10 ms an append gets fewer). A delivery that has not arrived
     FANOUT_DRAIN_SECS after the last append counts as infinitely late (and in the "delivered"
-    row); the stream itself must still hold every append."""
-    url = ctx.path("fanout")
-    tail = await ctx.create(url, "text/plain")
-    subscribers = 100 if ctx.quick else ctx.fanout_subscribers
-    rate, seconds = (100, 3) if ctx.quick else (100, 10)
-    messages, size = rate * seconds, 12
-    rss_before = ctx.target.rss()
-    with tempfile.TemporaryDirectory(prefix="ds-fanout-") as scratch:
-        out = Path(scratch) / "arrivals"
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).parent / "fanout_client.py"), url, tail,
-            str(subscribers), str(messages), str(out), str(1 + seconds + FANOUT_DRAIN_SECS),
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), 120)
-        if line.strip() != b"ready":
-            await child.wait()
-            raise RuntimeError(f"fan-out subscribers did not connect: {line!r}")
-        await asyncio.sleep(0.5)
-        sent = array.array("d", bytes(8 * messages))
-        peak = [ctx.target.rss() or 0]
+    row); the stream itself must still hold every append. Not sliced: one 10-s episode."""
 
-        async def sample_memory() -> None:
-            while True:
-                await asyncio.sleep(0.5)
-                peak[0] = max(peak[0], ctx.target.rss() or 0)
+    slices = 1
+    size = 12
 
-        sampler = asyncio.create_task(sample_memory()) if rss_before is not None else None
-        with ctx.timed():
-            start = time.monotonic()
-            written = 0
-            while written < messages and time.monotonic() < start + seconds:
-                await asyncio.sleep(max(0.0, start + written / rate - time.monotonic()))
-                sent[written] = time.monotonic()
-                await ctx.append(url, record("f", written, size), TEXT)
-                written += 1
-            write_seconds = time.monotonic() - start
-            output = (await child.stdout.read()).decode().strip().splitlines()
-            await child.wait()
-        if sampler is not None:
-            sampler.cancel()
-        if child.returncode != 0 or not output:
-            raise RuntimeError(f"fan-out subscribers exited {child.returncode}: {output}")
-        summary = json.loads(output[-1])
-        arrivals = array.array("d")
-        with out.open("rb") as f:
-            arrivals.fromfile(f, subscribers * messages)
-    await ctx.verify(url, size, {"f": list(range(written))})
-    latencies = [
-        (arrivals[i * messages + s] - sent[s]) * 1000 if arrivals[i * messages + s] else math.inf
-        for i in range(subscribers)
-        for s in range(written)
-    ]
-    latencies.sort()
-    delivered = sum(1 for v in latencies if v != math.inf)
-    last = max(arrivals) if delivered else start
-    ctx.timed_parts.note = (
-        f"{subscribers} subscribers; {written} appends, {written / write_seconds:.0f}/s; "
-        f"{delivered:,} of {len(latencies):,} deliveries; "
-        f"subscriber process {summary['cpu_s']:.1f} CPU s in {summary['wall_s']:.1f} s"
-    )
-    figures: Figures = {
-        "fanout_p50": percentile(latencies, 0.5),
-        "fanout_p99": percentile(latencies, 0.99),
-        "fanout_delivered": 100 * delivered / len(latencies),
-        "fanout_rate": delivered / (last - start),
-        "fanout_rss_before": None,
-        "fanout_rss_during": None,
-        "fanout_rss_per_sub": None,
-    }
-    if rss_before is not None:
-        figures["fanout_rss_before"] = rss_before / 2**20
-        figures["fanout_rss_during"] = peak[0] / 2**20
-        figures["fanout_rss_per_sub"] = (peak[0] - rss_before) / subscribers / 1024
-    return figures
+    async def measure(self, part: int, parts: int) -> None:
+        ctx = self.ctx
+        self.url = url = ctx.path("fanout")
+        tail = await ctx.create(url, "text/plain")
+        self.subscribers = subscribers = 100 if ctx.quick else ctx.fanout_subscribers
+        rate, seconds = (100, 3) if ctx.quick else (100, 10)
+        self.messages = messages = rate * seconds
+        self.rss_before = ctx.target.rss()
+        with tempfile.TemporaryDirectory(prefix="ds-fanout-") as scratch:
+            out = Path(scratch) / "arrivals"
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).parent / "fanout_client.py"), url, tail,
+                str(subscribers), str(messages), str(out), str(1 + seconds + FANOUT_DRAIN_SECS),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            assert child.stdin is not None and child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 120)
+            if line.strip() != b"ready":
+                await child.wait()
+                raise RuntimeError(f"fan-out subscribers did not connect: {line!r}")
+            await asyncio.sleep(0.5)
+            self.sent = sent = array.array("d", bytes(8 * messages))
+            self.peak = ctx.target.rss() or 0
+
+            async def sample_memory() -> None:
+                while True:
+                    await asyncio.sleep(0.5)
+                    self.peak = max(self.peak, ctx.target.rss() or 0)
+
+            sampler = asyncio.create_task(sample_memory()) if self.rss_before else None
+            with ctx.timed():
+                self.start = start = time.monotonic()
+                self.written = 0
+                while self.written < messages and time.monotonic() < start + seconds:
+                    await asyncio.sleep(max(0.0, start + self.written / rate - time.monotonic()))
+                    sent[self.written] = time.monotonic()
+                    await ctx.append(url, record("f", self.written, self.size), TEXT)
+                    self.written += 1
+                self.write_seconds = time.monotonic() - start
+                child.stdin.write(f"{self.written}\n".encode())
+                await child.stdin.drain()
+                child.stdin.close()
+                output = (await child.stdout.read()).decode().strip().splitlines()
+                await child.wait()
+            if sampler is not None:
+                sampler.cancel()
+            if child.returncode != 0 or not output:
+                raise RuntimeError(f"fan-out subscribers exited {child.returncode}: {output}")
+            self.summary = json.loads(output[-1])
+            self.arrivals = array.array("d")
+            with out.open("rb") as f:
+                self.arrivals.fromfile(f, subscribers * messages)
+
+    async def finish(self) -> Figures:
+        written, messages, subscribers = self.written, self.messages, self.subscribers
+        await self.ctx.verify(self.url, self.size, {"f": list(range(written))})
+        arrivals, sent = self.arrivals, self.sent
+        latencies = [
+            (arrivals[i * messages + s] - sent[s]) * 1000
+            if arrivals[i * messages + s]
+            else math.inf
+            for i in range(subscribers)
+            for s in range(written)
+        ]
+        latencies.sort()
+        delivered = sum(1 for v in latencies if v != math.inf)
+        last = max(arrivals) if delivered else self.start
+        self.ctx.timed_parts.note = (
+            f"{subscribers} subscribers; {written} appends, {written / self.write_seconds:.0f}/s;"
+            f" {delivered:,} of {len(latencies):,} deliveries; subscriber process "
+            f"{self.summary['cpu_s']:.1f} CPU s in {self.summary['wall_s']:.1f} s"
+        )
+        figures: Figures = {
+            "fanout_p50": percentile(latencies, 0.5),
+            "fanout_p99": percentile(latencies, 0.99),
+            "fanout_delivered": 100 * delivered / len(latencies),
+            "fanout_rate": delivered / (last - self.start),
+            "fanout_rss_before": None,
+            "fanout_rss_during": None,
+            "fanout_rss_per_sub": None,
+        }
+        if self.rss_before:
+            figures["fanout_rss_before"] = self.rss_before / 2**20
+            figures["fanout_rss_during"] = self.peak / 2**20
+            figures["fanout_rss_per_sub"] = (self.peak - self.rss_before) / subscribers / 1024
+        return figures
 
 
-async def creates(ctx: Context) -> Figures:
-    """300 concurrent PUTs, each on a fresh connection (as 300 clients would); the median of
-    three rounds."""
-    count, rounds = ctx.n(300, 60), 3
-    times = []
-    for r in range(rounds):
-        urls = [ctx.path(f"create/{r}/{i}") for i in range(count)]
+class Creates(Workload):
+    """300 concurrent PUTs, each on a fresh connection (as 300 clients would); one round per
+    slice, figure: the median wall time."""
+
+    slices = 3
+
+    async def prepare(self) -> None:
+        self.count, self.times = self.ctx.n(300, 60), []
+        self.urls: list[str] = []
+
+    async def measure(self, part: int, parts: int) -> None:
+        urls = [self.ctx.path(f"{part}/{i}") for i in range(self.count)]
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         async with aiohttp.ClientSession(
             connector=connector, headers={"Accept-Encoding": "identity"}
         ) as session:
 
-            async def put(url: str, session: aiohttp.ClientSession = session) -> int:
+            async def put(url: str) -> int:
                 async with session.put(url, headers=BINARY) as response:
                     return response.status
 
-            with ctx.timed():
+            with self.ctx.timed():
                 start = time.perf_counter()
                 statuses = await asyncio.gather(*(put(u) for u in urls))
-                times.append(time.perf_counter() - start)
+                self.times.append(time.perf_counter() - start)
         if any(s != 201 for s in statuses):
             raise VerificationError(f"creates: statuses {sorted(set(statuses))}, expected 201")
-        for url in urls[:: max(1, count // 30)]:
-            await ctx.verify(url, 100, {})
-        heads = await gather_limited(32, [ctx.session.head(u) for u in urls])
+        self.urls.extend(urls)
+
+    async def finish(self) -> Figures:
+        heads = await gather_limited(32, [self.ctx.session.head(u) for u in self.urls])
         if any(h.status != 200 for h in heads):
             raise VerificationError("creates: a created stream is missing")
         for h in heads:
             h.release()
-    return {"creates": statistics.median(times) * 1000}
+        for url in self.urls[:: max(1, self.count // 30)]:
+            await self.ctx.verify(url, 100, {})  # empty
+        return {"creates": statistics.median(self.times) * 1000}
 
 
-async def many_streams(ctx: Context) -> Figures:
-    streams, writers, per_writer = 1000, 64, ctx.n(150, 10)
-    if ctx.quick:
-        streams = 200
-    urls = [ctx.path(f"many/{i}") for i in range(streams)]
-    await gather_limited(64, [ctx.create(u) for u in urls])
-    acked: dict[int, list[int]] = defaultdict(list)  # stream index -> its writer's seqs
+class ManyStreams(Workload):
+    """64 writers over 1,000 streams (each stream has one writer, who cycles through its
+    streams), one append in flight each; figure: appends/s."""
 
-    async def writer(index: int, seqs: range) -> None:
-        own = list(range(index, streams, writers))
+    writers = 64
+
+    async def prepare(self) -> None:
+        ctx = self.ctx
+        streams = 200 if ctx.quick else 1000
+        self.count = ctx.n(150, 12)
+        self.urls = [ctx.path(f"{i}") for i in range(streams)]
+        await gather_limited(64, [ctx.create(u) for u in self.urls])
+        self.acked: dict[int, list[int]] = defaultdict(list)  # stream -> its writer's seqs
+        self.seconds = 0.0
+        await asyncio.gather(*(self.writer(i, range(2)) for i in range(self.writers)))
+
+    async def writer(self, index: int, seqs: range) -> None:
+        own = range(index, len(self.urls), self.writers)
         for seq in seqs:
             target = own[seq % len(own)]
-            await ctx.append(urls[target], record(f"w{index}", seq, 100), BINARY)
-            acked[target].append(seq)
+            await self.ctx.append(self.urls[target], record(f"w{index}", seq, 100), BINARY)
+            self.acked[target].append(seq)
 
-    await asyncio.gather(*(writer(i, range(2)) for i in range(writers)))  # connections
-    with ctx.timed():
-        start = time.perf_counter()
-        await asyncio.gather(*(writer(i, range(2, 2 + per_writer)) for i in range(writers)))
-        elapsed = time.perf_counter() - start
-    await gather_limited(
-        32,
-        [ctx.verify(u, 100, {f"w{i % writers}": acked[i]}) for i, u in enumerate(urls)],
-    )
-    return {"many_streams": writers * per_writer / elapsed}
+    async def measure(self, part: int, parts: int) -> None:
+        seqs = share(self.count, part, parts)
+        seqs = range(2 + seqs.start, 2 + seqs.stop)
+        with self.ctx.timed():
+            start = time.perf_counter()
+            await asyncio.gather(*(self.writer(i, seqs) for i in range(self.writers)))
+            self.seconds += time.perf_counter() - start
+
+    async def finish(self) -> Figures:
+        await gather_limited(
+            32,
+            [
+                self.ctx.verify(u, 100, {f"w{i % self.writers}": self.acked[i]})
+                for i, u in enumerate(self.urls)
+            ],
+        )
+        return {"many_streams": self.writers * self.count / self.seconds}
 
 
-async def upstream(ctx: Context) -> Figures:
-    node = shutil.which("node")
-    if node is None:
-        raise RuntimeError("node is not on PATH")
-    args = [
-        "--latency-iterations", str(ctx.n(20, 5)),
-        "--small-iterations", str(ctx.n(5, 1)),
-        "--small-count", str(ctx.n(1000, 200)),
-        "--large-iterations", str(ctx.n(3, 1)),
-        "--large-count", str(ctx.n(50, 10)),
-    ]  # fmt: skip
-    with ctx.timed():
-        process = await asyncio.create_subprocess_exec(
-            node, "upstream-shapes.mjs", "--base-url", ctx.target.base_url,
-            "--prefix", f"{ctx.prefix}/upstream", *args,
-            cwd=JS_DIR, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        stdout, stderr = await asyncio.wait_for(process.communicate(), 600)
-    if process.returncode != 0:
-        raise RuntimeError(f"upstream-shapes.mjs exited {process.returncode}:\n{stderr[-3000:]!r}")
-    report = json.loads(stdout.decode().strip().splitlines()[-1])
-    for stream in report["streams"]:
-        expected = {stream["tag"]: list(range(stream["count"]))}
-        await ctx.verify(stream["url"], stream["size"], expected, ordered=False)
-        await ctx.delete(stream["url"])
-    return {
-        "up_rtt": statistics.median(report["rtt_ms"]),
-        "up_cycle": statistics.median(report["cycle_ms"]),
-        "up_small": statistics.median(report["small_msgs_per_s"]),
-        "up_large": statistics.median(report["large_msgs_per_s"]),
-    }
+class Upstream(Workload):
+    """The upstream benchmark package's shapes through the official TypeScript client
+    (bench/js/upstream-shapes.mjs), a share of the iterations per slice."""
+
+    async def prepare(self) -> None:
+        self.node = shutil.which("node")
+        if self.node is None:
+            raise RuntimeError("node is not on PATH")
+        self.report: dict[str, list[Any]] = defaultdict(list)
+
+    async def measure(self, part: int, parts: int) -> None:
+        ctx = self.ctx
+        iterations = {
+            "--latency-iterations": ctx.n(20, 4),
+            "--small-iterations": ctx.n(8, 4),
+            "--large-iterations": ctx.n(4, 4),
+        }
+        args = [
+            str(a) for flag, n in iterations.items() for a in (flag, len(share(n, part, parts)))
+        ]
+        args += ["--small-count", str(ctx.n(1000, 200)), "--large-count", str(ctx.n(50, 10))]
+        with ctx.timed():
+            process = await asyncio.create_subprocess_exec(
+                self.node, "upstream-shapes.mjs", "--base-url", ctx.target.base_url,
+                "--prefix", f"{ctx.prefix}/{part}", *args,
+                cwd=JS_DIR, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            stdout, stderr = await asyncio.wait_for(process.communicate(), 600)
+        if process.returncode != 0:
+            raise RuntimeError(f"upstream-shapes.mjs exited {process.returncode}:\n{stderr!r}")
+        for key, values in json.loads(stdout.decode().strip().splitlines()[-1]).items():
+            self.report[key].extend(values)
+
+    async def finish(self) -> Figures:
+        for stream in self.report["streams"]:
+            expected = {stream["tag"]: list(range(stream["count"]))}
+            await self.ctx.verify(stream["url"], stream["size"], expected, ordered=False)
+            await self.ctx.delete(stream["url"])
+        return {
+            "up_rtt": statistics.median(self.report["rtt_ms"]),
+            "up_cycle": statistics.median(self.report["cycle_ms"]),
+            "up_small": statistics.median(self.report["small_msgs_per_s"]),
+            "up_large": statistics.median(self.report["large_msgs_per_s"]),
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -870,20 +1014,20 @@ ROWS = [
     Row("up_large", "TS client (c): 50 x 1 MiB, 15 in flight", "msg/s", True, 1.5, 1),
 ]
 
-WORKLOADS: dict[str, Callable[[Context], Awaitable[Figures]]] = {
-    "own-streams": own_streams,
-    "idempotent": idempotent,
-    "append-64k": append_64k,
-    "append-1m": append_1m,
-    "catchup-json": catchup_json,
-    "catchup-binary": catchup_binary,
-    "rtt": rtt,
-    "sse": sse,
-    "long-poll": long_poll,
-    "fanout": fanout,
-    "creates": creates,
-    "many-streams": many_streams,
-    "upstream": upstream,
+WORKLOADS: dict[str, type[Workload]] = {
+    "own-streams": OwnStreams,
+    "idempotent": Idempotent,
+    "append-64k": Append64K,
+    "append-1m": Append1M,
+    "catchup-json": CatchUpJson,
+    "catchup-binary": CatchUpBinary,
+    "rtt": Rtt,
+    "sse": Sse,
+    "long-poll": LongPoll,
+    "fanout": Fanout,
+    "creates": Creates,
+    "many-streams": ManyStreams,
+    "upstream": Upstream,
 }
 
 
@@ -972,7 +1116,7 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[
     results: dict[str, dict[str, list[float]]] = {n: defaultdict(list) for n in ("ours", "node")}
     cpu: dict[str, dict[str, list[Timed]]] = defaultdict(lambda: defaultdict(list))
     prefix = f"cmp-{uuid.uuid4().hex[:8]}"
-    load_start = os.getloadavg()[0]
+    load_start = machine_load()
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2)  # both servers drop at 5 s
     timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
     async with aiohttp.ClientSession(
@@ -981,33 +1125,48 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[
         for run in range(args.runs):
             for index, workload in enumerate(chosen):
                 order = ["ours", "node"] if (run + index) % 2 == 0 else ["node", "ours"]
-                for name in order:
-                    ctx = Context(
+                kind = WORKLOADS[workload]
+                started = time.perf_counter()
+                contexts = {
+                    name: Context(
                         session,
                         targets[name],
                         args.quick,
                         f"{prefix}/{name}/r{run}/{workload}",
                         args.fanout_subscribers,
                     )
-                    started = time.perf_counter()
-                    figures = await WORKLOADS[workload](ctx)
+                    for name in order
+                }
+                runs = {name: kind(contexts[name]) for name in order}
+                for name in order:
+                    await runs[name].prepare()
+                for part in range(kind.slices):  # ours, node, node, ours, ...
+                    for name in order if part % 2 == 0 else order[::-1]:
+                        await runs[name].measure(part, kind.slices)
+                for name in order:
+                    figures = await runs[name].finish()
                     print(
                         f"run {run + 1}/{args.runs} {workload:15s} {name:5s} "
-                        f"{time.perf_counter() - started:5.1f} s  "
-                        f"load {os.getloadavg()[0]:4.1f}  "
+                        f"{machine_load()}  "
                         + "  ".join(f"{k}={v:.4g}" for k, v in figures.items() if v is not None),
                         file=sys.stderr,
                         flush=True,
                     )
                     for key, value in figures.items():
                         results[name][key].append(value)
-                    cpu[workload][name].append(ctx.timed_parts)
+                    cpu[workload][name].append(contexts[name].timed_parts)
+                print(
+                    f"run {run + 1}/{args.runs} {workload:15s} both  "
+                    f"{time.perf_counter() - started:5.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     rows = [r for r in ROWS if r.key in results["ours"] or r.key in results["node"]]
     print()
     print(
         f"ours: {targets['ours'].base_url}   node: {targets['node'].base_url}   "
-        f"runs: {args.runs}{'   QUICK' if args.quick else ''}   (medians over runs)   "
-        f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        f"runs: {args.runs}{'   QUICK' if args.quick else ''}   (medians over runs)"
+        f"\nmachine: {load_start} at start, {machine_load()} at end"
     )
     print(render(results, rows))
     print()
