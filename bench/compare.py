@@ -1226,7 +1226,11 @@ def main() -> int:
         "--fanout-subscribers", type=int, default=1000, help="SSE subscribers of 'fanout'"
     )
     parser.add_argument("--json", help="also write every figure of every run here")
-    parser.add_argument("--logs", help="directory for the servers' logs (default: a temp dir)")
+    parser.add_argument(
+        "--logs",
+        help="keep the servers' logs here (default: a temporary directory, removed "
+        "after a successful run)",
+    )
     args = parser.parse_args()
     args.only = args.only.split(",")
     unknown = set(args.only) - set(WORKLOADS)
@@ -1238,6 +1242,7 @@ def main() -> int:
     servers: list[OursServer | NodeServer] = []
     targets: dict[str, Target] = {}
     taken: set[int] = set()
+    succeeded = False
     try:
         if args.ours_url:
             targets["ours"] = Target("ours", args.ours_url.rstrip("/"))
@@ -1262,10 +1267,13 @@ def main() -> int:
             results = uvloop.run(coroutine)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
+        succeeded = True
         return 0
     finally:
         for server in reversed(servers):
             server.stop()
+        if succeeded and not args.logs:
+            shutil.rmtree(logs, ignore_errors=True)  # kept when something failed
 
 
 if __name__ == "__main__":
