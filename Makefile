@@ -7,9 +7,11 @@ PORT ?= 8000
 JS_DIR := tests/js
 PY_STAMP := $(VENV)/.requirements-installed
 JS_STAMP := $(JS_DIR)/node_modules/.installed
+BENCH_JS_DIR := bench/js
+BENCH_JS_STAMP := $(BENCH_JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test test-faults test-fuzz load-sse lint format bench db \
-	db-stop clean
+.PHONY: setup test-setup run serve test test-faults test-fuzz load-sse lint format bench \
+	bench-compare db db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
 TYPED := durable_project streams state yjs spark access
@@ -97,6 +99,17 @@ URL ?= http://127.0.0.1:$(PORT)
 bench: $(PY_STAMP)
 	$(PY) bench/streams_bench.py $(URL)
 
+## This server against the Node reference server, side by side (docs/benchmarks.md). Starts
+## both itself; options through ARGS, e.g. make bench-compare ARGS="--quick --only sse,rtt"
+bench-compare: $(PY_STAMP) $(BENCH_JS_STAMP)
+	@scripts/setup-system.sh
+	$(PY) bench/compare.py $(ARGS)
+
+$(BENCH_JS_STAMP): $(BENCH_JS_DIR)/package.json $(BENCH_JS_DIR)/package-lock.json
+	@scripts/setup-system.sh --test
+	cd $(BENCH_JS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
 ## The project's local PostgreSQL (used when DATABASE_URL is unset).
 db: $(PY_STAMP)
 	@$(PY) -m durable_project.localdb start
@@ -105,4 +118,4 @@ db-stop:
 	@$(PY) -m durable_project.localdb stop
 
 clean:
-	rm -rf $(VENV) $(JS_DIR)/node_modules .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(JS_DIR)/node_modules $(BENCH_JS_DIR)/node_modules .pytest_cache .ruff_cache
