@@ -114,6 +114,11 @@ class SseSession:
                 sent_control = True
                 if closed:
                     return
+                # Caught up: wait for the next change (the subscription was armed before this
+                # read, so nothing since is missed). Reading again at once would find nothing
+                # new and cost a database round trip per reader per append.
+                if result.up_to_date and not await self._wait(subscription):
+                    return
             else:
                 if self.meta.closed or not sent_control:
                     # At the tail: say so once (at once for offset=now); a closed stream ends.
