@@ -106,8 +106,11 @@ class SseSession:
                 self.offset = result.next_offset
                 # Data and its control event go out in one write (clients and the conformance
                 # suite expect the pair together).
-                data = sse.data_event(
-                    render.body_of(self.meta, result.payload), base64_encoded=self.base64_data
+                data = _encoded(
+                    ("data", self.meta.id, result.start, result.next_offset, self.base64_data),
+                    lambda payload=result.payload: sse.data_event(
+                        render.body_of(self.meta, payload), base64_encoded=self.base64_data
+                    ),
                 )
                 closed = result.closed_at_tail
                 await self.emit(data + self._control(up_to_date=result.up_to_date, closed=closed))
@@ -147,9 +150,27 @@ class SseSession:
             await self.emit(sse.COMMENT_KEEPALIVE)
 
     def _control(self, *, up_to_date: bool, closed: bool) -> bytes:
-        return sse.control_event(
-            next_offset=str(self.offset),
-            cursor=cursors.next_cursor(self.client_cursor),
-            up_to_date=up_to_date,
-            closed=closed,
+        cursor = cursors.next_cursor(self.client_cursor)
+        offset = self.offset
+        return _encoded(
+            ("control", self.meta.id, offset, cursor, up_to_date, closed),
+            lambda: sse.control_event(
+                next_offset=str(offset), cursor=cursor, up_to_date=up_to_date, closed=closed
+            ),
         )
+
+
+# Events encoded for one reader, kept for the others: readers of one stream are woken by the
+# same append, at the same offset, and send the same bytes (PROTOCOL.md 5.8: the data of a
+# range of messages, and a control event of offset and cursor, never change).
+_EVENTS: dict[tuple[object, ...], bytes] = {}
+MAX_EVENTS = 512
+
+
+def _encoded(key: tuple[object, ...], encode: Callable[[], bytes]) -> bytes:
+    event = _EVENTS.get(key)
+    if event is None:
+        if len(_EVENTS) >= MAX_EVENTS:
+            _EVENTS.clear()
+        event = _EVENTS[key] = encode()
+    return event
