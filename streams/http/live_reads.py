@@ -106,12 +106,7 @@ class SseSession:
                 self.offset = result.next_offset
                 # Data and its control event go out in one write (clients and the conformance
                 # suite expect the pair together).
-                data = _encoded(
-                    ("data", self.meta.id, result.start, result.next_offset, self.base64_data),
-                    lambda payload=result.payload: sse.data_event(
-                        render.body_of(self.meta, payload), base64_encoded=self.base64_data
-                    ),
-                )
+                data = self._data(result)
                 closed = result.closed_at_tail
                 await self.emit(data + self._control(up_to_date=result.up_to_date, closed=closed))
                 sent_control = True
@@ -148,6 +143,14 @@ class SseSession:
             if subscription.ended or time.monotonic() >= self.ends_at:
                 return False
             await self.emit(sse.COMMENT_KEEPALIVE)
+
+    def _data(self, result: ReadResult) -> bytes:
+        return _encoded(
+            ("data", self.meta.id, result.start, result.next_offset, self.base64_data),
+            lambda: sse.data_event(
+                render.body_of(self.meta, result.payload), base64_encoded=self.base64_data
+            ),
+        )
 
     def _control(self, *, up_to_date: bool, closed: bool) -> bytes:
         cursor = cursors.next_cursor(self.client_cursor)

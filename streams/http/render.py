@@ -74,7 +74,7 @@ def data(
     if if_none_match is not None and headers["ETag"] in _etags(if_none_match):
         del headers["Content-Type"]
         return Response(304, headers)
-    return Response(200, headers, body_of(meta, result.payload))
+    return Response(200, headers, body_parts(meta, result))
 
 
 def at_tail(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Response:
@@ -95,6 +95,16 @@ def at_tail(meta: StreamMeta, status: int, *, cursor: str | None = None) -> Resp
 def body_of(meta: StreamMeta, payload: bytes) -> bytes:
     """The body of a read whose messages are ``payload`` (ReadResult.payload)."""
     return json_mode.render(payload) if meta.is_json else payload
+
+
+def body_parts(meta: StreamMeta, result: ReadResult) -> bytes | list[bytes]:
+    """The body of a read, in pieces when it has several (sent one after another, never
+    joined: a large read is not copied into one more buffer)."""
+    if len(result.parts) <= 1:
+        return body_of(meta, result.payload)
+    if meta.is_json:
+        return [b"[", *result.parts, b"]"]
+    return list(result.parts)
 
 
 def absolute_url(request: Request) -> str:

@@ -66,7 +66,12 @@ UNREAD_BODY_STATUSES = (408, 413)
 class Response:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
+    # One body, or its pieces in order (a large read: streams.http.render.body_parts).
+    body: bytes | list[bytes] = b""
+
+    @property
+    def length(self) -> int:
+        return len(self.body) if isinstance(self.body, bytes) else sum(map(len, self.body))
 
 
 def cors_headers(origin: str | None) -> list[tuple[bytes, bytes]]:
@@ -131,9 +136,14 @@ async def send_response(
             "headers": encode_headers(
                 response.headers,
                 origin,
-                None if head or response.status in (204, 304) else len(response.body),
+                None if head or response.status in (204, 304) else response.length,
             ),
         }
     )
     body = b"" if head or response.status in (204, 304) else response.body
-    await send({"type": "http.response.body", "body": body})
+    if isinstance(body, bytes):
+        await send({"type": "http.response.body", "body": body})
+        return
+    for index, part in enumerate(body):
+        more = index < len(body) - 1
+        await send({"type": "http.response.body", "body": part, "more_body": more})

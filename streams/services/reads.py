@@ -36,14 +36,13 @@ async def read(
     """A catch-up read (PROTOCOL.md 5.6): the stream (TTL renewed) and what it holds from
     ``start``; no result for ``offset=now``."""
     principal.require(resource or stream_resource(path), Operation.READ)
-    meta = await reads.stream_meta(path, touch=True)
     if start.at_tail:
-        return meta, None
+        return await reads.stream_meta(path, touch=True), None
     assert start.offset is not None
-    result = await reads.read_range(
-        meta, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    meta, result = await reads.read_from(
+        path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
     )
-    metrics.CATCH_UP_BYTES.inc(len(result.payload))
+    metrics.CATCH_UP_BYTES.inc(result.size)
     return meta, result
 
 
@@ -77,7 +76,7 @@ async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadR
     closed = delivery.closed and delivery.up_to_date
     fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
     result = ReadResult(
-        payload=reads.separator(meta).join(delivery.messages),
+        parts=_with_separators(delivery.messages, reads.separator(meta)),
         count=len(delivery.messages),
         start=offset,
         next_offset=delivery.end,
@@ -85,6 +84,12 @@ async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadR
         closed_at_tail=closed,
     )
     return fresh, result
+
+
+def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ...]:
+    if not separator or len(messages) < 2:
+        return tuple(messages)
+    return (separator.join(messages),)
 
 
 async def long_poll(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult | None]:

@@ -33,7 +33,17 @@ _RANGE_SELECT = (
     " WHERE stream_id = {stream} AND seq >= %(seq)s::bigint AND seq < {hi}"
     " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(limit)s::bigint"
 )
-_ROWS_SQL = _RANGE_SELECT.format(stream="%(id)s", hi="%(hi)s")
+_AGGREGATE_SQL = _RANGE_SELECT.format(stream="%(id)s", hi="%(hi)s")
+# The same range as rows: for large messages, fetching them is 2-4x faster than aggregating
+# them (string_agg copies its growing value again and again; docs/benchmarks.md), and there
+# are few of them for Python to handle.
+_ROWS_SQL = (
+    "SELECT seq, pos, data FROM ds_message"
+    " WHERE stream_id = %(id)s AND seq >= %(seq)s::bigint AND seq < %(hi)s"
+    " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(limit)s::bigint ORDER BY seq"
+)
+# Messages of at least this many bytes on average are fetched as rows, smaller ones aggregated.
+LARGE_MESSAGE_BYTES = 4096
 # A live reader's re-read of a stream that is not a fork: its tail and the new messages in ONE
 # statement (one round trip, one snapshot). No row at all: the stream is gone.
 _LIVE_SQL = (
@@ -44,12 +54,64 @@ _LIVE_SQL = (
 )
 
 
+# A catch-up read in ONE statement: the stream (ds_stream_meta, TTL renewed) and, when it is not
+# a fork and its messages ahead are small on average, the range aggregated as _RANGE_SELECT
+# does. Otherwise (a fork, large messages: read_range) the range part is NULL.
+_META_AND_RANGE_SQL = (
+    "SELECT m.id, m.content_type, ds_media_type(m.content_type), m.next_seq, m.next_pos,"
+    " m.closed, m.ttl_seconds, m.expires_at, m.deleted, m.chain_ids, m.chain_lo, m.chain_hi,"
+    " r.* FROM ds_stream_meta(%(path)s, true) AS m LEFT JOIN LATERAL ("
+    + _RANGE_SELECT.format(stream="m.id", hi="m.next_seq").replace(
+        "%(sep)s",
+        "(CASE WHEN ds_media_type(m.content_type) = 'application/json'"
+        " THEN ','::bytea ELSE ''::bytea END)",
+    )
+    + ") AS r ON cardinality(m.chain_ids) = 1 AND NOT m.deleted AND m.next_seq > %(seq)s"
+    " AND m.next_pos - %(pos)s < %(large)s::bigint * (m.next_seq - %(seq)s)"
+)
+
+
 async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
     """The stream at ``path``; ``touch`` renews a sliding TTL (reads do, HEAD does not).
     Raises NotFound (missing or expired) or Gone (soft-deleted)."""
     async with connection() as conn:
         cur = await conn.execute(_META_SQL, (path, touch))
         row = await cur.fetchone()
+    return _meta(path, row)
+
+
+async def read_from(
+    path: str, start: Offset, max_bytes: int, max_messages: int
+) -> tuple[StreamMeta, ReadResult]:
+    """A catch-up read: the stream (its sliding TTL renewed) and its messages from ``start``
+    (as ``read_range``), in one round trip for a stream that is not a fork."""
+    params = {
+        "path": path,
+        "seq": start.seq,
+        "pos": start.pos,
+        "rows": max_messages,
+        "limit": start.pos + max(max_bytes, 1),
+        "large": LARGE_MESSAGE_BYTES,
+    }
+    async with connection() as conn:
+        cur = await conn.execute(_META_AND_RANGE_SQL, params, binary=True)
+        row = await cur.fetchone()
+    meta = _meta(path, row)
+    assert row is not None
+    # Not read with the metadata (a fork, large messages), or nothing read although the tail
+    # is ahead: ds_stream_meta, a volatile function, sees a newer snapshot than the statement
+    # around it, so appends committed in between show in the tail but not in the range. Then
+    # the range is read on its own. (A range that stops short is still right: up to date is
+    # judged against the tail, and the client reads on.)
+    if row[12] is None or not row[12]:
+        return meta, await read_range(meta, start, max_bytes, max_messages)
+    check_offset(meta, start)
+    chunk = _Chunk(start, separator(meta))
+    chunk.add(row[12:])
+    return meta, _result(meta, start, chunk)
+
+
+def _meta(path: str, row: tuple[Any, ...] | None) -> StreamMeta:
     if row is None:
         raise NotFound("stream not found")
     sid, content_type, media_type, next_seq, next_pos, closed, ttl, expires_at, deleted = row[:9]
@@ -86,6 +148,8 @@ async def read_range(
     chunk = _Chunk(start, separator(meta))
     if start.seq < tail.seq:
         params = {"sep": chunk.separator, "limit": start.pos + max(max_bytes, 1)}
+        # What the messages ahead weigh on average decides how they are fetched.
+        large = (tail.pos - start.pos) >= LARGE_MESSAGE_BYTES * (tail.seq - start.seq)
         async with connection() as conn:
             # Oldest segment first: the chain is stored leaf-first.
             for segment in reversed(meta.segments):
@@ -95,13 +159,16 @@ async def read_range(
                     continue
                 rows = max_messages - chunk.count
                 cur = await conn.execute(
-                    _ROWS_SQL,
+                    _ROWS_SQL if large else _AGGREGATE_SQL,
                     params | {"id": segment.stream_id, "seq": lo, "hi": hi, "rows": rows},
                     binary=True,
                 )
-                row = await cur.fetchone()
-                assert row is not None  # an aggregate without GROUP BY: always one row
-                chunk.add(row)
+                if large:
+                    chunk.add_rows(await cur.fetchall())
+                else:
+                    row = await cur.fetchone()
+                    assert row is not None  # an aggregate without GROUP BY: always one row
+                    chunk.add(row)
                 if chunk.count >= max_messages or chunk.end.seq < hi:
                     break  # the byte or count budget ended this read inside the segment
         if not chunk.count:
@@ -116,8 +183,8 @@ def separator(meta: StreamMeta) -> bytes:
 
 
 class _Chunk:
-    """Aggregated ranges of messages, appended in stream order and checked to continue
-    exactly where the previous one ended."""
+    """Messages read, appended in stream order (aggregated ranges or rows, with the separator
+    between them) and checked to continue exactly where the previous ones ended."""
 
     __slots__ = ("count", "end", "parts", "separator")
 
@@ -134,19 +201,28 @@ class _Chunk:
             return
         if (first_seq, first_pos) != (self.end.seq, self.end.pos):
             raise BadRequest("offset does not belong to this stream")
+        if self.parts and self.separator:
+            self.parts.append(self.separator)
         self.parts.append(bytes(data))
         self.count += count
         self.end = Offset(last_seq + 1, end_pos)
 
-    @property
-    def payload(self) -> bytes:
-        return self.parts[0] if len(self.parts) == 1 else self.separator.join(self.parts)
+    def add_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """``(seq, pos, data)`` rows from _ROWS_SQL, each continuing the one before."""
+        for seq, pos, data in rows:
+            if (seq, pos) != (self.end.seq, self.end.pos):
+                raise BadRequest("offset does not belong to this stream")
+            if self.parts and self.separator:
+                self.parts.append(self.separator)
+            self.parts.append(data)
+            self.count += 1
+            self.end = Offset(seq + 1, pos + len(data))
 
 
 def _result(meta: StreamMeta, start: Offset, chunk: _Chunk) -> ReadResult:
     up_to_date = chunk.end == meta.tail
     return ReadResult(
-        payload=chunk.payload,
+        parts=tuple(chunk.parts),
         count=chunk.count,
         start=start,
         next_offset=chunk.end,

@@ -41,15 +41,24 @@ class StreamMeta:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    # The messages read: concatenated, or for JSON joined with commas (the body is this in
-    # brackets: streams.protocol.json_mode).
-    payload: bytes
+    # The messages read, as pieces whose concatenation is the payload: the messages
+    # concatenated, or for JSON joined with commas (the body is this in brackets:
+    # streams.protocol.json_mode). Pieces, so a large read is sent without joining it.
+    parts: tuple[bytes, ...]
     count: int
     start: Offset
     next_offset: Offset
     # True when the read reached the tail the stream had when it was read.
     up_to_date: bool
     closed_at_tail: bool
+
+    @property
+    def payload(self) -> bytes:
+        return b"".join(self.parts) if len(self.parts) != 1 else self.parts[0]
+
+    @property
+    def size(self) -> int:
+        return sum(len(part) for part in self.parts)
 
 
 @dataclass(frozen=True, slots=True)
