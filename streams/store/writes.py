@@ -45,6 +45,13 @@ _APPEND_SQL = (
 )
 
 
+_APPEND_STREAMS_SQL = (
+    "SELECT ordinal, outcome, next_seq, next_pos, closed, producer_epoch, producer_seq,"
+    " expected_seq, stream_id"
+    " FROM ds_append_streams(%s::text[], %s::jsonb, %s::int[], %s::int[], %s::int[], %b, %s)"
+)
+
+
 # A deadlock or serialization failure aborts the whole one-statement transaction; running the
 # statement again is safe. Lock order (stream rows, then the __registry__ row) makes them rare.
 RETRIES = 5
@@ -121,18 +128,40 @@ async def append_batch(
 async def append_batches(
     batches: list[tuple[str, list[AppendRequest]]], *, max_stream_bytes: int
 ) -> list[list[AppendResult | ProtocolError]]:
-    """Append batches to several streams in ONE transaction (one commit, one WAL flush for
-    all), each stream's batch judged as ``append_batch`` judges it. If any statement fails,
-    nothing is stored and the error is raised (the caller judges each batch alone then)."""
-    rows = await _execute_together(
-        [
-            (path, _APPEND_SQL, _append_params(path, requests, max_stream_bytes))
-            for path, requests in batches
-        ]
+    """Append batches to several streams in ONE statement (ds_append_streams: one
+    transaction, one commit, one WAL flush for all), each stream's batch judged as
+    ``append_batch`` judges it, the streams locked in path order (the order every process
+    locks streams in). If any stream's batch fails, nothing is stored and the error is raised
+    (the caller judges each batch alone then)."""
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    descriptors = []
+    messages: list[str] = []
+    lengths: list[str] = []
+    owners: list[str] = []
+    data: list[bytes] = []
+    for i in order:
+        stream_descriptors, stream_lengths, stream_owners, stream_data = _flatten(batches[i][1])
+        descriptors.append(stream_descriptors)
+        messages.append(str(len(stream_lengths)))
+        lengths.extend(stream_lengths)
+        owners.extend(stream_owners)
+        data.extend(stream_data)
+    params = (
+        [batches[i][0] for i in order],
+        json.dumps(descriptors),
+        "{" + ",".join(messages) + "}",
+        "{" + ",".join(lengths) + "}",
+        "{" + ",".join(owners) + "}",
+        b"".join(data),
+        max_stream_bytes,
     )
+    rows = await _execute(_APPEND_STREAMS_SQL, params)
+    by_stream: list[list[tuple[Any, ...]]] = [[] for _ in batches]
+    for row in rows:
+        by_stream[order[row[0] - 1]].append(row[1:])
     return [
         _append_results(requests, stream_rows)
-        for (_, requests), stream_rows in zip(batches, rows, strict=True)
+        for (_, requests), stream_rows in zip(batches, by_stream, strict=True)
     ]
 
 
@@ -189,9 +218,26 @@ async def _execute_together(
 def _append_params(
     path: str, requests: list[AppendRequest], max_stream_bytes: int
 ) -> tuple[Any, ...]:
+    descriptors, lengths, owners, data = _flatten(requests)
+    return (
+        path,
+        json.dumps(descriptors),
+        "{" + ",".join(lengths) + "}",
+        "{" + ",".join(owners) + "}",
+        b"".join(data),
+        max_stream_bytes,
+    )
+
+
+def _flatten(
+    requests: list[AppendRequest],
+) -> tuple[list[list[Any]], list[str], list[str], list[bytes]]:
+    """ds_append's flat form of one stream's requests: a descriptor per request, each
+    message's length and (1-based) request, and the messages' bytes."""
     descriptors = []
     lengths: list[str] = []
     owners: list[str] = []
+    data: list[bytes] = []
     for index, request in enumerate(requests, start=1):
         producer = request.producer
         descriptors.append(
@@ -209,14 +255,8 @@ def _append_params(
         )
         lengths.extend(str(len(message)) for message in request.messages)
         owners.extend([str(index)] * len(request.messages))
-    return (
-        path,
-        json.dumps(descriptors),
-        "{" + ",".join(lengths) + "}",
-        "{" + ",".join(owners) + "}",
-        b"".join(message for request in requests for message in request.messages),
-        max_stream_bytes,
-    )
+        data.extend(request.messages)
+    return descriptors, lengths, owners, data
 
 
 def _append_results(
