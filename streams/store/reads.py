@@ -66,8 +66,11 @@ _META_AND_RANGE_SQL = (
         "(CASE WHEN ds_media_type(m.content_type) = 'application/json'"
         " THEN ','::bytea ELSE ''::bytea END)",
     )
-    + ") AS r ON cardinality(m.chain_ids) = 1 AND NOT m.deleted AND m.next_seq > %(seq)s"
+    # The gate goes inside the subquery, not in ON: a join condition filters the aggregate
+    # after it is computed, and string_agg over large messages is what the gate avoids.
+    + " AND cardinality(m.chain_ids) = 1 AND NOT m.deleted AND m.next_seq > %(seq)s"
     " AND m.next_pos - %(pos)s < %(large)s::bigint * (m.next_seq - %(seq)s)"
+    ") AS r ON true"
 )
 
 

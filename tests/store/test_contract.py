@@ -367,3 +367,21 @@ def test_a_request_failing_a_transaction_of_several_streams_fails_alone(path: st
     assert all(isinstance(r, AppendResult) for r in results[:6]), results
     assert isinstance(results[6], ProtocolError) and 400 <= results[6].status < 500
     assert stored == [str(n).encode() for n in range(6)]
+
+
+def test_catch_up_read_is_planned_for_one_stream(pg: Any) -> None:
+    """The catch-up read joins ds_stream_meta to a range of messages: the planner must expect
+    one stream. With the default estimate of 1000 rows a stream with many messages looks
+    costly enough (over jit_above_cost) for PostgreSQL to JIT-compile the plan first: ~150 ms
+    for a read of 1 ms."""
+    params = {"path": "x", "seq": 0, "pos": 0, "rows": 10_000, "limit": 1 << 22}
+    params["large"] = reads.LARGE_MESSAGE_BYTES
+    plan = pg.execute("EXPLAIN (FORMAT JSON) " + reads._META_AND_RANGE_SQL, params).fetchone()[0]
+    (meta,) = [
+        node for node in _plan_nodes(plan[0]["Plan"]) if node["Node Type"] == "Function Scan"
+    ]
+    assert meta["Function Name"] == "ds_stream_meta" and meta["Plan Rows"] == 1
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
