@@ -27,6 +27,7 @@ import argparse
 import array
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -343,8 +344,25 @@ class NodeServer:
 # fixed size (binary and text streams), or {"w": tag, "seq": n, ...} (JSON streams).
 
 
+# With --incompressible (DS_BENCH_INCOMPRESSIBLE=1), records are padded with random letters
+# instead of dots: what a compressing store cannot shrink (lz4 finds no repeats in them).
+INCOMPRESSIBLE_ENV = "DS_BENCH_INCOMPRESSIBLE"
+_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+NOISE_BYTES = 2 * 1024 * 1024
+
+
+@functools.cache
+def _noise() -> bytes:
+    """Letters from a multiplicative hash of their index: the same noise as
+    bench/js/upstream-shapes.mjs makes, so records written by either are checked alike."""
+    return bytes(_LETTERS[(((i * 2654435761) & 0xFFFFFFFF) >> 11) % 62] for i in range(NOISE_BYTES))
+
+
 def record(tag: str, seq: int, size: int) -> bytes:
     head = f"{tag}#{seq:07d}|".encode()
+    if os.environ.get(INCOMPRESSIBLE_ENV) == "1":
+        start = (seq * 7919) % (NOISE_BYTES - size)
+        return head + _noise()[start + len(head) : start + size]
     return head + b"." * (size - len(head))
 
 
@@ -1248,6 +1266,11 @@ def main() -> int:
     )
     parser.add_argument("--json", help="also write every figure of every run here")
     parser.add_argument(
+        "--incompressible",
+        action="store_true",
+        help="pad records with random letters instead of dots (what compression cannot shrink)",
+    )
+    parser.add_argument(
         "--auth",
         choices=["open", "keys"],
         default="open",
@@ -1260,6 +1283,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.only = args.only.split(",")
+    if args.incompressible:
+        os.environ[INCOMPRESSIBLE_ENV] = "1"  # the TypeScript client script reads it too
     unknown = set(args.only) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")

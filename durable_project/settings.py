@@ -185,6 +185,10 @@ DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
 DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
+# Write transactions in flight at once per process (streams.store.group_commit): appends that
+# arrive while they are busy wait and share the next one. Fewer means larger batches (less CPU
+# and fewer commits per append), more means less waiting.
+DS_DB_WRITE_TRANSACTIONS = env.int("DS_DB__WRITE_TRANSACTIONS", default=1)
 # The LISTEN connection of live delivery: DATABASE_URL unless set (a pooler in transaction mode,
 # such as PgBouncer's, cannot LISTEN: point this at the database itself).
 DS_LISTEN_DATABASE_URL = env("DS_DB__LISTEN_URL", default="")

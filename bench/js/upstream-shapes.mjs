@@ -39,8 +39,18 @@ const base = values["base-url"].replace(/\/$/, "")
 const prefix = values.prefix
 const CONTENT_TYPE = "application/octet-stream"
 
+// With DS_BENCH_INCOMPRESSIBLE=1 (compare.py --incompressible), random letters instead of dots.
+const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+// The same noise as bench/compare.py makes (a multiplicative hash of the index), so its checks hold.
+const NOISE = Buffer.alloc(2 * 1024 * 1024)
+for (let i = 0; i < NOISE.length; i++) NOISE[i] = LETTERS.charCodeAt(((Math.imul(i, 2654435761) >>> 0) >>> 11) % 62)
+
 function record(tag, seq, size) {
   const buf = Buffer.alloc(size, ".")
+  if (process.env.DS_BENCH_INCOMPRESSIBLE === "1") {
+    const start = (seq * 7919) % (NOISE.length - size)
+    NOISE.copy(buf, 0, start, start + size)
+  }
   buf.write(`${tag}#${String(seq).padStart(7, "0")}|`, 0, "latin1")
   return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength)
 }

@@ -40,6 +40,8 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 # ... and on one transaction across streams.
 MAX_TRANSACTION_STREAMS = 64
 MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
+# A transaction whose first stream has this much data waiting is a large one (_in_flight_large).
+LARGE_TRANSACTION_BYTES = 256 * 1024
 
 Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
 Batch = tuple[str, list[Pending]]
@@ -57,7 +59,11 @@ class _StreamQueue:
 _queues: dict[str, _StreamQueue] = {}
 # Streams with appends waiting and no batch in flight, oldest first (a dict: an ordered set).
 _ready: dict[str, None] = {}
+# Transactions in flight: of small appends (at most max_transactions(): fewer, larger batches
+# cost less CPU per append) and of large data (up to the pool's size less two: writing a MiB
+# takes PostgreSQL milliseconds, and large appends to different streams run in parallel).
 _in_flight = 0
+_in_flight_large = 0
 # Told about every batch after it was written (the service layer wakes live readers): the store
 # does not import live delivery.
 _listeners: list[CommitListener] = []
@@ -70,9 +76,9 @@ def on_commit(listener: CommitListener) -> None:
 
 
 def max_transactions() -> int:
-    """Write transactions in flight at once per process: the pool's size less two, so reads
-    always find a connection."""
-    return max(1, settings.DS_DB_POOL_MAX_SIZE - 2)
+    """Write transactions in flight at once per process (DS_DB__WRITE_TRANSACTIONS), at most
+    the pool's size less two, so reads always find a connection."""
+    return max(1, min(settings.DS_DB_WRITE_TRANSACTIONS, settings.DS_DB_POOL_MAX_SIZE - 2))
 
 
 async def append(request: AppendRequest) -> AppendResult:
@@ -97,12 +103,20 @@ async def append(request: AppendRequest) -> AppendResult:
 
 def _dispatch() -> None:
     """Start transactions for ready streams while slots are free."""
-    global _in_flight
-    while _ready and _in_flight < max_transactions():
+    global _in_flight, _in_flight_large
+    while _ready:
+        large = _pending_bytes(next(iter(_ready))) >= LARGE_TRANSACTION_BYTES
+        if large and _in_flight + _in_flight_large >= max(1, settings.DS_DB_POOL_MAX_SIZE - 2):
+            return
+        if not large and _in_flight >= max_transactions():
+            return
         batches: list[Batch] = []
         size = 0
+        # A large transaction takes about one stream's data, so large appends to several
+        # streams are written in parallel; a small one takes every stream ready.
+        most = LARGE_TRANSACTION_BYTES if large else MAX_TRANSACTION_BYTES
         for path in list(_ready):
-            if len(batches) >= MAX_TRANSACTION_STREAMS or size > MAX_TRANSACTION_BYTES:
+            if len(batches) >= MAX_TRANSACTION_STREAMS or size >= most:
                 break
             del _ready[path]
             queue = _queues[path]
@@ -110,10 +124,17 @@ def _dispatch() -> None:
             batch = _take_batch(queue)
             size += sum(request.size for request, _ in batch)
             batches.append((path, batch))
-        _in_flight += 1
-        writer = asyncio.get_running_loop().create_task(_write(batches))
+        if large:
+            _in_flight_large += 1
+        else:
+            _in_flight += 1
+        writer = asyncio.get_running_loop().create_task(_write(batches, large=large))
         _writers.add(writer)
         writer.add_done_callback(_writers.discard)
+
+
+def _pending_bytes(path: str) -> int:
+    return sum(request.size for request, _ in _queues[path].pending[:MAX_BATCH_REQUESTS])
 
 
 def _take_batch(queue: _StreamQueue) -> list[Pending]:
@@ -128,15 +149,18 @@ def _take_batch(queue: _StreamQueue) -> list[Pending]:
     return batch
 
 
-async def _write(batches: list[Batch]) -> None:
-    global _in_flight
+async def _write(batches: list[Batch], *, large: bool) -> None:
+    global _in_flight, _in_flight_large
     try:
         metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))
         outcomes = await _outcomes(batches)
         for (path, batch), (results, unreachable) in zip(batches, outcomes, strict=True):
             _conclude(path, batch, results, unreachable)
     finally:
-        _in_flight -= 1
+        if large:
+            _in_flight_large -= 1
+        else:
+            _in_flight -= 1
         for path, _ in batches:
             queue = _queues[path]
             queue.running = False
