@@ -140,6 +140,10 @@ POOL_WAIT_SECONDS = _metric(
     buckets=LATENCY_BUCKETS,
 )  # fmt: skip
 POOL_TIMEOUTS = _metric("counter", "ds_db_pool_timeouts", "Borrowings that timed out (503)")
+POOL_DISCARDED = _metric(
+    "counter", "ds_db_pool_oversized_closed",
+    "Connections closed after carrying a large statement or result (their buffers freed)",
+)  # fmt: skip
 
 # -- background work --------------------------------------------------------------------------
 EXPIRY_SWEEPS = _metric("counter", "ds_expiry_sweeps", "Sweeps for expired streams")

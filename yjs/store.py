@@ -8,7 +8,7 @@ from django.conf import settings
 from streams.errors import NotFound
 from streams.protocol.offsets import Offset
 from streams.store import create_commit
-from streams.store.pool import connection
+from streams.store.pool import carried, connection
 from streams.store.types import CreateRequest, CreateResult
 from yjs.paths import DocRef
 
@@ -81,6 +81,8 @@ async def snapshot_data(doc: DocRef, covers: Offset) -> bytes | None:
             _SNAPSHOT_DATA_SQL, (doc.service, doc.doc_path, covers.seq, covers.pos), binary=True
         )
         row = await cur.fetchone()
+        if row:
+            carried(conn, len(row[0]))
     return bytes(row[0]) if row else None
 
 

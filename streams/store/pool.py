@@ -47,10 +47,18 @@ RETRY_AFTER_SECS = 2
 # next attempt: after a 45 s outage, for up to 30 s more.
 RECONNECT_TIMEOUT_SECS = 5.0
 
+# libpq keeps a connection's buffers as large as the largest statement it sent and the largest
+# result it received, for the connection's life: after a 15 MiB append, 15 MiB (and more, the
+# buffer doubles) stays with that connection, in every one of the pool's connections in turn.
+# A connection that carried more than this is closed when given back and replaced.
+BUFFER_KEEP_BYTES = 8 * 1024 * 1024
+
 _pool: AsyncConnectionPool | None = None
 _pool_lock: asyncio.Lock | None = None
 # When each connection was last given back, by id (a few entries: the pool's connections).
 _returned_at: dict[int, float] = {}
+# Connections (by id) to close when given back: they carried more than BUFFER_KEEP_BYTES.
+_oversized: set[int] = set()
 
 
 def conninfo(alias: str = "default", *, url: str | None = None) -> str:
@@ -160,12 +168,23 @@ class connection:
         if len(_returned_at) > 1024:
             _returned_at.clear()
         _returned_at[id(conn)] = time.monotonic()
-        await self._pool.putconn(conn)  # a broken connection is discarded by the pool
+        if _oversized and id(conn) in _oversized:
+            _oversized.discard(id(conn))
+            metrics.POOL_DISCARDED.inc()
+            await conn.close()
+        await self._pool.putconn(conn)  # a closed or broken connection is replaced by the pool
         if exc is not None and is_connection_failure(exc):
             logger.warning("database connection failed: %s", str(exc).strip()[:200])
             raise ServiceUnavailable(
                 "the database connection failed; retry later", retry_after=RETRY_AFTER_SECS
             ) from None
+
+
+def carried(conn: AsyncConnection, nbytes: int) -> None:
+    """A statement on the borrowed ``conn`` sent or received about ``nbytes``: past
+    BUFFER_KEEP_BYTES the connection is closed when given back, which frees its buffers."""
+    if nbytes > BUFFER_KEEP_BYTES:
+        _oversized.add(id(conn))
 
 
 def is_connection_failure(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from streams.errors import BadRequest, Gone, NotFound
 from streams.protocol.offsets import Offset
-from streams.store.pool import connection
+from streams.store.pool import carried, connection
 from streams.store.types import ReadResult, Segment, StreamMeta
 
 # The media type by the store's rule (ds_media_type), which judges appends: once per read.
@@ -99,6 +99,7 @@ async def read_from(
     async with connection() as conn:
         cur = await conn.execute(_META_AND_RANGE_SQL, params, binary=True)
         row = await cur.fetchone()
+        carried(conn, _data_bytes(row))
     meta = _meta(path, row)
     assert row is not None
     # Not read with the metadata (a fork, large messages), or nothing read although the tail
@@ -174,9 +175,16 @@ async def read_range(
                     chunk.add(row)
                 if chunk.count >= max_messages or chunk.end.seq < hi:
                     break  # the byte or count budget ended this read inside the segment
+            carried(conn, chunk.end.pos - start.pos)
         if not chunk.count:
             raise BadRequest("offset does not belong to this stream")
     return _result(meta, start, chunk)
+
+
+def _data_bytes(row: tuple[Any, ...] | None) -> int:
+    """The size of the aggregated messages that end a row of _META_AND_RANGE_SQL or _LIVE_SQL."""
+    data = row[-1] if row is not None else None
+    return len(data) if data is not None else 0
 
 
 def separator(meta: StreamMeta) -> bytes:
@@ -255,6 +263,7 @@ async def reread(
     async with connection() as conn:
         cur = await conn.execute(_LIVE_SQL, params, binary=True)
         row = await cur.fetchone()
+        carried(conn, _data_bytes(row))
     if row is None:
         raise NotFound("stream was deleted")
     next_seq, next_pos, closed, deleted = row[:4]

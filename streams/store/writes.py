@@ -28,7 +28,7 @@ from streams.store.outcomes import (
     DeleteOutcome,
     append_error,
 )
-from streams.store.pool import connection
+from streams.store.pool import carried, connection
 from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[t
         try:
             async with connection() as conn:
                 cur = await conn.execute(sql, params)
+                carried(conn, _data_bytes(params))
                 return await cur.fetchall()
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == RETRIES - 1:
@@ -69,6 +70,19 @@ async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[t
             logger.warning("retrying a write after a lock conflict (attempt %d)", attempt + 1)
             await asyncio.sleep(0.005 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _data_bytes(params: tuple[Any, ...] | dict[str, Any]) -> int:
+    """About how many bytes of data a statement's parameters carry (its bytes and lists of
+    bytes: messages)."""
+    values = params.values() if isinstance(params, dict) else params
+    size = 0
+    for value in values:
+        if isinstance(value, bytes):
+            size += len(value)
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            size += sum(map(len, value))
+    return size
 
 
 async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> CreateResult:
@@ -203,6 +217,7 @@ async def _execute_together(
                         await conn.execute(statements[i][1], statements[i][2]) for i in order
                     ]
                 fetched = [await cursor.fetchall() for cursor in cursors]
+                carried(conn, sum(_data_bytes(statement[2]) for statement in statements))
             rows: list[list[tuple[Any, ...]]] = [[] for _ in statements]
             for i, statement_rows in zip(order, fetched, strict=True):
                 rows[i] = statement_rows

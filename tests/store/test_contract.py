@@ -385,3 +385,32 @@ def test_catch_up_read_is_planned_for_one_stream(pg: Any) -> None:
 
 def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
+
+
+def test_a_connection_that_carried_a_large_statement_is_replaced(path: str, settings: Any) -> None:
+    """libpq keeps a connection's buffers as large as the largest statement it sent or result it
+    received: a connection that carried more than BUFFER_KEEP_BYTES is closed when given back
+    (its memory freed) and the pool opens another. Small statements keep their connection."""
+    settings.DS_DB_POOL_MAX_SIZE = 1  # one connection: every statement uses it
+    large = b"L" * (pool.BUFFER_KEEP_BYTES + 1)
+
+    async def backend() -> int:
+        async with pool.connection() as conn:
+            return conn.info.backend_pid
+
+    async def scenario() -> list[int]:
+        await create(path)
+        first = await backend()
+        await batch(path, append(path, b"small"))
+        after_small = await backend()
+        await batch(path, append(path, large))  # sent
+        after_write = await backend()
+        meta = await reads.stream_meta(path, touch=False)
+        await reads.read_range(meta, Offset(1, 5), MAX, 10)  # received
+        after_read = await backend()
+        return [first, after_small, after_write, after_read]
+
+    first, after_small, after_write, after_read = run(scenario)
+    assert first == after_small
+    assert after_write != after_small
+    assert after_read != after_write
