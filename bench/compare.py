@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -217,10 +217,20 @@ def client_headers() -> dict[str, str]:
 class OursServer:
     """This server: uvicorn as the README's production command, on a fresh database."""
 
-    def __init__(self, port: int, logs: Path, auth: str) -> None:
+    def __init__(
+        self,
+        port: int,
+        logs: Path,
+        auth: str,
+        *,
+        name: str = "ours",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port
         self.auth = auth
-        self.log_path = logs / "ours.log"
+        self.name = name
+        self.overrides = env or {}
+        self.log_path = logs / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.admin_url = ""
         self.database = f"bench_compare_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -255,13 +265,14 @@ class OursServer:
             "DS_SERVER__LONG_POLL_TIMEOUT_SECS": str(LONG_POLL_TIMEOUT_SECS),
             "DS_AUTH__MODE": self.auth,
             "PYTHONUNBUFFERED": "1",
+            **self.overrides,
         }
         env.pop("DJANGO_SETTINGS_MODULE", None)
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
             cwd=ROOT, env=env, check=True,
         )  # fmt: skip
-        if self.auth == "keys":
+        if env["DS_AUTH__MODE"] == "keys":
             # Every client of the run sends this key (AUTHORIZATION_ENV); Node ignores it.
             made = subprocess.run(
                 [sys.executable, "manage.py", "create_api_key", "bench", "--grant",
@@ -283,7 +294,7 @@ class OursServer:
         )  # fmt: skip
         base = f"http://127.0.0.1:{self.port}"
         wait_http_ready(f"{base}/healthz", self.process, self.log_path, {200})
-        return Target("ours", base, self.process.pid, self.db_pid)
+        return Target(self.name, base, self.process.pid, self.db_pid)
 
     def _connect_db(self) -> Any:
         import psycopg
@@ -1108,8 +1119,13 @@ def fmt(value: float | None, row: Row) -> str:
     return f"{value:,.{row.digits}f} {row.unit}"
 
 
-def render(results: dict[str, dict[str, list[float]]], rows: list[Row]) -> str:
-    table = [["workload", "ours", "node", "ours/node", "better", "goal", "met"]]
+def render(
+    results: dict[str, dict[str, list[float]]], rows: list[Row], tolerance: float | None = None
+) -> str:
+    """The table; with ``tolerance`` (--versus) the other server is ours too, and each goal is
+    to be within that fraction of it."""
+    other = "node" if tolerance is None else "versus"
+    table = [["workload", "ours", other, f"ours/{other}", "better", "goal", "met"]]
     for row in rows:
         ours = [v for v in results["ours"].get(row.key, []) if v is not None]
         node = [v for v in results["node"].get(row.key, []) if v is not None]
@@ -1120,6 +1136,8 @@ def render(results: dict[str, dict[str, list[float]]], rows: list[Row]) -> str:
         ratio = o / n if o is not None and n and math.isfinite(o) and math.isfinite(n) else None
         if o is not None and n is not None and math.isinf(o) != math.isinf(n):
             ratio = math.inf if math.isinf(o) else 0.0
+        if tolerance is not None:
+            row = replace(row, goal=1 - tolerance if row.higher_is_better else 1 + tolerance)
         if row.goal is None:
             goal, met = "report", "-"
         else:
@@ -1232,12 +1250,13 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[
                 )
     rows = [r for r in ROWS if r.key in results["ours"] or r.key in results["node"]]
     print()
+    versus = f"versus ({' '.join(args.versus)})" if args.versus else "node"
     print(
-        f"ours: {targets['ours'].base_url}   node: {targets['node'].base_url}   "
+        f"ours: {targets['ours'].base_url}   {versus}: {targets['node'].base_url}   "
         f"runs: {args.runs}{'   QUICK' if args.quick else ''}   (medians over runs)"
         f"\nmachine: {load_start} at start, {machine_load()} at end"
     )
-    print(render(results, rows))
+    print(render(results, rows, args.tolerance if args.versus else None))
     print()
     print(render_cpu(cpu))
     return results
@@ -1265,6 +1284,19 @@ def main() -> int:
         "--fanout-subscribers", type=int, default=1000, help="SSE subscribers of 'fanout'"
     )
     parser.add_argument("--json", help="also write every figure of every run here")
+    parser.add_argument(
+        "--versus",
+        nargs="+",
+        metavar="NAME=VALUE",
+        help="compare against this server with these settings instead of Node (e.g. "
+        "DS_METRICS__ENABLED=false, or DS_AUTH__MODE=open with --auth keys)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="with --versus, the goal: ours within this fraction of the other (default 0.05)",
+    )
     parser.add_argument(
         "--incompressible",
         action="store_true",
@@ -1303,7 +1335,14 @@ def main() -> int:
             taken.add(ours.port)
             servers.append(ours)
             targets["ours"] = ours.start()
-        if args.node_url:
+        if args.versus:
+            # The other side is this server too, with the settings given: its own database.
+            settings = dict(item.split("=", 1) for item in args.versus)
+            versus = OursServer(free_port(taken), logs, args.auth, name="versus", env=settings)
+            taken.add(versus.port)
+            servers.append(versus)
+            targets["node"] = versus.start()
+        elif args.node_url:
             targets["node"] = Target("node", args.node_url.rstrip("/"))
         else:
             node = NodeServer(free_port(taken), logs, args.node_max_file_handles)
