@@ -198,6 +198,17 @@ DS_LISTEN_HEARTBEAT_SECS = env.float("DS_DB__LISTEN_HEARTBEAT_SECS", default=5.0
 # Expired streams are deleted on access and by a sweep this often (seconds, per process).
 DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)
 
+# Retention (docs/gaps.md, Retention): the policy of streams that set none of their own
+# (Stream-Retention-Max-Age / -Max-Bytes at creation; staff change it in the admin). None by
+# default: streams keep everything. Internal streams and registered state streams are exempt.
+DS_RETENTION_MAX_AGE_SECS = env.int("DS_RETENTION__MAX_AGE_SECS", default=None)
+DS_RETENTION_MAX_BYTES = env.int("DS_RETENTION__MAX_BYTES", default=None)
+# How often each server process enforces retention (marks, trims, purges); 0 = never (then
+# `manage.py trim_streams` does it). Age retention keeps messages up to this much longer.
+DS_RETENTION_SWEEP_INTERVAL_SECS = env.float("DS_RETENTION__SWEEP_INTERVAL_SECS", default=60.0)
+# Trimmed rows are deleted this many (at most) per transaction.
+DS_RETENTION_PURGE_BATCH_ROWS = env.int("DS_RETENTION__PURGE_BATCH_ROWS", default=5000)
+
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
 

@@ -48,6 +48,17 @@ class Gone(ProtocolError):
     code = "GONE"
 
 
+class OffsetGone(Gone):
+    """A read (or fork) from before the stream's earliest retained position (PROTOCOL.md 5.6):
+    410 with ``Stream-Start-Offset``, where the stream now starts (docs/gaps.md, Retention)."""
+
+    def __init__(self, start_offset: str, message: str = "") -> None:
+        super().__init__(
+            message or f"offset is before the earliest retained position {start_offset}",
+            headers={"Stream-Start-Offset": start_offset},
+        )
+
+
 class PayloadTooLarge(ProtocolError):
     status = 413
     code = "PAYLOAD_TOO_LARGE"

@@ -24,10 +24,12 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from psycopg_pool import PoolTimeout
 
 from streams import metrics
 from streams.live import hub
+from streams.services import retention
 from streams.store import maintenance
 from streams.store.pool import close_pool, count_connections, get_pool
 from streams.store.schema import SchemaMismatch, verify_installed
@@ -84,6 +86,9 @@ async def _flush_metrics() -> None:
 
 
 on_startup(maintenance.ensure_started, maintenance.stop)
+on_startup(
+    _periodic("ds-retention-sweep", settings.DS_RETENTION_SWEEP_INTERVAL_SECS, retention.sweep)
+)
 on_startup(_periodic("ds-pool-gauges", POOL_GAUGE_SECS, _count_pool))
 on_startup(_periodic("ds-metrics-flush", metrics.FLUSH_SECS, _flush_metrics))
 

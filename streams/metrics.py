@@ -148,6 +148,12 @@ POOL_DISCARDED = _metric(
 # -- background work --------------------------------------------------------------------------
 EXPIRY_SWEEPS = _metric("counter", "ds_expiry_sweeps", "Sweeps for expired streams")
 EXPIRED_STREAMS = _metric("counter", "ds_expired_streams", "Expired streams reclaimed by sweeps")
+RETENTION_TRIMS = _metric(
+    "counter", "ds_retention_trims", "Streams trimmed by the retention sweep for their policy"
+)
+PURGED_MESSAGES = _metric(
+    "counter", "ds_purged_messages", "Messages deleted after trims (retention, explicit trims)"
+)
 YJS_COMPACTIONS = _metric(
     "counter", "ds_yjs_compactions", "Yjs compactions by outcome", ("outcome",)
 )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.expressions import RawSQL
 
+from streams.protocol.offsets import Offset
+
 
 class StreamQuerySet(models.QuerySet["Stream"]):
     def with_expired(self) -> StreamQuerySet:
@@ -61,6 +63,24 @@ class Stream(models.Model):
     deleted_at = models.DateTimeField(null=True, blank=True)
     # Who created it: "key:<key id>", "jwt:<subject>"... (access.grants.Principal.label).
     created_by = models.TextField(null=True, blank=True)
+    # Retention policy (docs/gaps.md, Retention): messages older than this many seconds, and
+    # messages beyond the newest this many bytes, are trimmed by the retention sweep. NULL: the
+    # server-wide default (DS_RETENTION__MAX_AGE_SECS / _MAX_BYTES), if any.
+    retention_max_age = models.BigIntegerField(
+        "retention: max age (seconds)", null=True, blank=True
+    )
+    retention_max_bytes = models.BigIntegerField("retention: max bytes", null=True, blank=True)
+    # The earliest retained position (PROTOCOL.md 4, 5.6): rows below it are gone or about to
+    # be purged; `offset=-1` starts here, and reads of earlier offsets answer 410 Gone.
+    first_seq = models.BigIntegerField(default=0, db_default=0)
+    first_pos = models.BigIntegerField(default=0, db_default=0)
+    # State-stream compaction (state/compaction.py): below `compacted_seq` rows may have gaps
+    # (events compacted away; reads continue at the next kept one); `compacted_bytes` were
+    # removed there. An explicit offset below `resume_seq` (other than the start) answers 410:
+    # a delete event after it was dropped, so a reader resuming there would miss it.
+    compacted_seq = models.BigIntegerField(default=0, db_default=0)
+    compacted_bytes = models.BigIntegerField(default=0, db_default=0)
+    resume_seq = models.BigIntegerField(default=0, db_default=0)
 
     objects = StreamQuerySet.as_manager()
 
@@ -77,6 +97,13 @@ class Stream(models.Model):
                 name="ds_stream_ttl_idx",
                 condition=models.Q(ttl_seconds__isnull=False),
             ),
+            # Streams with a retention policy of their own, for the retention sweep.
+            models.Index(
+                fields=["id"],
+                name="ds_stream_retention_idx",
+                condition=models.Q(retention_max_age__isnull=False)
+                | models.Q(retention_max_bytes__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -88,8 +115,13 @@ class Stream(models.Model):
 
     @property
     def own_message_count(self) -> int:
-        """Messages stored under this stream's own id (a fork's start at ``fork_seq``)."""
-        return self.next_seq - (self.fork_seq or 0)
+        """Messages stored under this stream's own id (a fork's start at ``fork_seq``), at
+        most: trimming and compaction remove some (see ``retained_message_count``)."""
+        return self.next_seq - max(self.fork_seq or 0, self.first_seq)
+
+    @property
+    def first_offset(self) -> Offset:
+        return Offset(self.first_seq, self.first_pos)
 
     def segments(self) -> list[tuple[int, int, int]]:
         """(stream id, first seq, end seq) of the message rows that make up this stream,
@@ -98,11 +130,13 @@ class Stream(models.Model):
         current: Stream | None = self
         upper = self.next_seq
         while current is not None:
-            lower = current.fork_seq or 0
+            # Nothing before the stream's start is retained (trimmed rows may linger until
+            # they are purged).
+            lower = max(current.fork_seq or 0, self.first_seq)
             if lower < upper:
                 segments.append((current.pk, lower, upper))
             upper = min(upper, lower)
-            current = current.fork_source
+            current = current.fork_source if upper > self.first_seq else None
         return list(reversed(segments))
 
 
@@ -151,3 +185,43 @@ class Producer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.producer_id}@{self.stream_id}"
+
+
+class StreamMark(models.Model):
+    """A stream's tail at a moment: the retention sweep's time index (docs/decisions.md).
+    Every message before ``(seq, pos)`` was appended before ``marked_at``, so age retention
+    trims to the newest mark older than the maximum age, and compaction judges a delete's age
+    the same way, without a timestamp on every message."""
+
+    pk = models.CompositePrimaryKey("stream_id", "seq")
+    stream = models.ForeignKey(
+        Stream, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False
+    )
+    seq = models.BigIntegerField()
+    pos = models.BigIntegerField()
+    marked_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ds_stream_mark"
+
+    def __str__(self) -> str:
+        return f"{self.stream_id}@{self.seq} ({self.marked_at})"
+
+
+class PurgePending(models.Model):
+    """A stream with rows below its start (or below what its forks still read) that are not
+    deleted yet: a timer row, claimed with ``FOR UPDATE SKIP LOCKED`` by whichever process
+    gets there first, which deletes them in bounded batches and removes the row when done."""
+
+    stream = models.OneToOneField(
+        Stream, primary_key=True, on_delete=models.DO_NOTHING, db_constraint=False
+    )
+    # When a purger may take it: now when queued; a purger that takes it pushes this ahead by
+    # its lease, so another process takes over only if it stops.
+    due_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ds_purge_pending"
+
+    def __str__(self) -> str:
+        return f"purge {self.stream_id} from {self.due_at}"

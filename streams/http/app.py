@@ -169,6 +169,8 @@ async def handle_other(request: Request) -> Response:
         case "PUT":
             return await handlers.create(request)
         case "POST":
+            if request.header(handlers.TRIM_BEFORE) is not None:
+                return await handlers.trim(request)
             return await handlers.append(request)
         case "HEAD":
             return await handlers.head(request)

@@ -15,10 +15,13 @@ from streams.http import render
 from streams.http.request import Request, stream_path
 from streams.http.responses import Response
 from streams.protocol import headers as h
-from streams.protocol.offsets import parse, parse_read_offset
-from streams.store.types import ForkSpec
+from streams.protocol.offsets import NOW, parse, parse_read_offset
+from streams.store.types import ForkSpec, Retention
 
 STREAM_ROUTE = "/v1/stream/"
+TRIM_BEFORE = "stream-trim-before"
+# A trim has no body; what a client sends anyway is read up to this much, then refused.
+TRIM_BODY_LIMIT = 1024
 
 
 async def create(request: Request) -> Response:
@@ -37,9 +40,26 @@ async def create(request: Request) -> Response:
         expires_at=h.parse_expires_at(expires_header) if expires_header is not None else None,
         closed=h.is_true(request.header("stream-closed")),
         fork=_fork_spec(request),
+        retention=_retention(request),
         body=await request.body(settings.DS_MAX_REQUEST_BYTES),
     )
     return render.created(request, result)
+
+
+def _retention(request: Request) -> Retention | None:
+    """The retention policy asked for at creation (extension headers: docs/gaps.md)."""
+    max_age = request.header(h.RETENTION_MAX_AGE)
+    max_bytes = request.header(h.RETENTION_MAX_BYTES)
+    if max_age is None and max_bytes is None:
+        return None
+    return Retention(
+        max_age=h.parse_positive(h.RETENTION_MAX_AGE, max_age, h.MAX_TTL_SECONDS)
+        if max_age is not None
+        else None,
+        max_bytes=h.parse_positive(h.RETENTION_MAX_BYTES, max_bytes, h.MAX_SAFE_INTEGER)
+        if max_bytes is not None
+        else None,
+    )
 
 
 def _fork_spec(request: Request) -> ForkSpec | None:
@@ -82,13 +102,30 @@ async def append(request: Request) -> Response:
     return render.appended(result, producer=wanted.producer is not None, stored_data=bool(body))
 
 
-async def head(request: Request) -> Response:
-    """HEAD: metadata only; does not renew a sliding TTL (PROTOCOL.md 5.5)."""
-    return render.info(
-        await services.stream_info(
-            path=request.path, principal=request.principal, resource=request.resource
-        )
+async def trim(request: Request) -> Response:
+    """POST with ``Stream-Trim-Before`` and no body: drop everything before an offset
+    (``now``: everything so far), for the stream's owner (an extension: docs/gaps.md)."""
+    if h.is_true(request.header("stream-closed")) or request.header("producer-id") is not None:
+        raise BadRequest("Stream-Trim-Before cannot be combined with an append or a close")
+    if await request.body(TRIM_BODY_LIMIT):
+        raise BadRequest("a trim (Stream-Trim-Before) carries no body")
+    value = (request.header(TRIM_BEFORE) or "").strip()
+    result = await services.trim_stream(
+        path=request.path,
+        principal=request.principal,
+        resource=request.resource,
+        before=None if value == NOW else parse(value),
     )
+    return render.trimmed(result)
+
+
+async def head(request: Request) -> Response:
+    """HEAD: metadata only; does not renew a sliding TTL (PROTOCOL.md 5.5). Says where the
+    stream starts and the retention policy that applies to it."""
+    meta = await services.stream_info(
+        path=request.path, principal=request.principal, resource=request.resource
+    )
+    return render.info(meta, await services.retention_of(meta))
 
 
 async def delete(request: Request) -> Response:

@@ -10,7 +10,15 @@ from datetime import datetime
 from streams.http.request import Request
 from streams.http.responses import Response
 from streams.protocol import json_mode
-from streams.store.types import AppendResult, CreateResult, ReadResult, StreamMeta
+from streams.protocol.headers import RETENTION_MAX_AGE, RETENTION_MAX_BYTES
+from streams.store.types import (
+    AppendResult,
+    CreateResult,
+    ReadResult,
+    Retention,
+    StreamMeta,
+    TrimResult,
+)
 
 NO_STORE = "no-store"
 # PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
@@ -44,17 +52,35 @@ def appended(result: AppendResult, *, producer: bool, stored_data: bool) -> Resp
     return Response(204 if result.duplicate or not stored_data else 200, headers)
 
 
-def info(meta: StreamMeta) -> Response:
-    """The answer to HEAD (PROTOCOL.md 5.5)."""
+def info(meta: StreamMeta, retention: Retention | None = None) -> Response:
+    """The answer to HEAD (PROTOCOL.md 5.5), with where the stream starts and the retention
+    policy that applies to it (``retention``; docs/gaps.md, Retention)."""
     headers = {
         "Content-Type": meta.content_type,
         "Stream-Next-Offset": str(meta.tail),
+        "Stream-Start-Offset": str(meta.start),
         "Cache-Control": NO_STORE,
         **_expiry_headers(meta.ttl_seconds, meta.expires_at),
     }
+    if retention is not None and retention.max_age is not None:
+        headers[RETENTION_MAX_AGE] = str(retention.max_age)
+    if retention is not None and retention.max_bytes is not None:
+        headers[RETENTION_MAX_BYTES] = str(retention.max_bytes)
     if meta.closed:
         headers["Stream-Closed"] = "true"
     return Response(200, headers)
+
+
+def trimmed(result: TrimResult) -> Response:
+    """The answer to a trim: where the stream starts now, and its tail."""
+    return Response(
+        204,
+        {
+            "Stream-Start-Offset": str(result.start),
+            "Stream-Next-Offset": str(result.tail),
+            "Cache-Control": NO_STORE,
+        },
+    )
 
 
 def deleted() -> Response:
@@ -121,7 +147,10 @@ def _etags(header: str) -> set[str]:
 def _data_headers(
     meta: StreamMeta, result: ReadResult, cursor: str | None = None
 ) -> dict[str, str]:
-    etag = f'"{meta.id}:{result.start}:{result.next_offset}{":c" if result.closed_at_tail else ""}"'
+    closed = ":c" if result.closed_at_tail else ""
+    # Compaction changes what a range of compacted history holds (docs/gaps.md, Retention).
+    compacted = f":k{meta.compacted_seq}" if result.start.seq < meta.compacted_seq else ""
+    etag = f'"{meta.id}:{result.start}:{result.next_offset}{closed}{compacted}"'
     headers = {
         "Content-Type": meta.content_type,
         "Stream-Next-Offset": str(result.next_offset),

@@ -46,6 +46,23 @@ def parse_ttl(value: str) -> int:
     return int(value)
 
 
+# Retention extension headers (docs/gaps.md, Retention): positive decimal integers, written
+# like Stream-TTL. A maximum age is capped like a TTL; a size at 2^53 - 1 bytes.
+RETENTION_MAX_AGE = "Stream-Retention-Max-Age"
+RETENTION_MAX_BYTES = "Stream-Retention-Max-Bytes"
+_POSITIVE_RE = re.compile(r"[1-9][0-9]*")
+
+
+def parse_positive(name: str, value: str, limit: int) -> int:
+    """A positive decimal integer header of at most ``limit`` (400 otherwise)."""
+    text = value.strip()
+    if not _POSITIVE_RE.fullmatch(text):
+        raise BadRequest(f"{name} must be a positive integer, got {value[:32]!r}")
+    if len(text) > 16 or int(text) > limit:
+        raise BadRequest(f"{name} may be at most {limit}")
+    return int(text)
+
+
 def parse_expires_at(value: str) -> datetime:
     match = _RFC3339_RE.fullmatch(value.strip())
     if match is None:

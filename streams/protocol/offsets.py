@@ -42,21 +42,26 @@ def parse(text: str) -> Offset:
 
 @dataclass(frozen=True, slots=True)
 class ReadStart:
-    """Where a read starts: the beginning, the tail (``now``), or a concrete offset."""
+    """Where a read starts: the beginning (``-1``: the stream's earliest retained position,
+    which trimming moves), the tail (``now``), or a concrete offset."""
 
     offset: Offset | None = None
     at_tail: bool = False
+
+    @property
+    def beginning(self) -> bool:
+        return self.offset is None and not self.at_tail
 
 
 def parse_read_offset(values: list[str]) -> ReadStart:
     """The ``offset`` query parameter of a read (PROTOCOL.md 5.6, 8)."""
     if not values:
-        return ReadStart(ZERO)
+        return ReadStart()
     if len(values) > 1:
         raise BadRequest("offset given more than once")
     text = values[0]
     if text == BEGINNING:
-        return ReadStart(ZERO)
+        return ReadStart()
     if text == NOW:
         return ReadStart(at_tail=True)
     return ReadStart(parse(text))

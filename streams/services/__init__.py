@@ -23,6 +23,7 @@ from streams.services.reads import (
     stream_info,
     subscribe,
 )
+from streams.services.retention import retention_of, trim_stream
 from streams.services.writes import append, create_stream, delete_stream
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "next_read",
     "open_live",
     "read",
+    "retention_of",
     "stream_info",
     "subscribe",
+    "trim_stream",
 ]

@@ -38,7 +38,6 @@ async def read(
     principal.require(resource or stream_resource(path), Operation.READ)
     if start.at_tail:
         return await reads.stream_meta(path, touch=True), None
-    assert start.offset is not None
     meta, result = await reads.read_from(
         path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
     )
@@ -49,12 +48,12 @@ async def read(
 async def open_live(
     *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
 ) -> tuple[StreamMeta, Offset]:
-    """The stream of a live read (TTL renewed: PROTOCOL.md 5.1) and its validated start."""
+    """The stream of a live read (TTL renewed: PROTOCOL.md 5.1) and its validated start (410
+    before what the stream retains)."""
     principal.require(resource or stream_resource(path), Operation.READ)
     meta = await reads.stream_meta(path, touch=True)
-    offset = meta.tail if start.at_tail else start.offset
-    assert offset is not None
-    reads.check_offset(meta, offset)
+    offset = start.offset or (meta.tail if start.at_tail else meta.start)
+    reads.check_start(meta, offset)
     return meta, offset
 
 

@@ -23,6 +23,7 @@ from streams.store.types import (
     CreateRequest,
     CreateResult,
     ForkSpec,
+    Retention,
 )
 
 T = TypeVar("T")
@@ -53,11 +54,13 @@ async def create_stream(
     closed: bool = False,
     body: bytes = b"",
     fork: ForkSpec | None = None,
+    retention: Retention | None = None,
     resource: str | None = None,
 ) -> CreateResult:
     """Create a stream or a fork, idempotently (PROTOCOL.md 5.1, 4.2). ``content_type`` None
     means not given: a fork's source's type, else ``application/octet-stream``. A fork needs
-    ``read`` on its source as well as ``manage`` on itself."""
+    ``read`` on its source as well as ``manage`` on itself. ``retention``: the stream's own
+    retention policy (a fork without one inherits its source's)."""
     principal.require(resource or stream_resource(path), Operation.MANAGE)
     if fork is not None:
         principal.require(stream_resource(fork.source_path), Operation.READ)
@@ -82,6 +85,7 @@ async def create_stream(
             messages=messages,
             fork=fork,
             created_by=principal.label,
+            retention=retention,
         )
     )
 

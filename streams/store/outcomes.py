@@ -36,6 +36,7 @@ class CreateOutcome(StrEnum):
     FORK_OFFSET_INVALID = "fork_offset_invalid"
     SUB_OFFSET_INVALID = "sub_offset_invalid"
     TOO_LARGE = "too_large"
+    FORK_OFFSET_GONE = "fork_offset_gone"
 
 
 class AppendOutcome(StrEnum):
@@ -54,6 +55,14 @@ class AppendOutcome(StrEnum):
     VALIDATION_STALE = "validation_stale"
 
 
+class TrimOutcome(StrEnum):
+    TRIMMED = "trimmed"
+    UNCHANGED = "unchanged"
+    NOT_FOUND = "not_found"
+    GONE = "gone"
+    OFFSET_INVALID = "offset_invalid"
+
+
 class DeleteOutcome(StrEnum):
     DELETED = "deleted"
     SOFT_DELETED = "soft_deleted"
@@ -66,6 +75,7 @@ SQL_TYPES: dict[str, type[StrEnum]] = {
     "ds_create_outcome": CreateOutcome,
     "ds_append_outcome": AppendOutcome,
     "ds_delete_outcome": DeleteOutcome,
+    "ds_trim_outcome": TrimOutcome,
 }
 
 CREATE_SUCCESSES = frozenset({CreateOutcome.CREATED, CreateOutcome.EXISTS})
@@ -73,6 +83,7 @@ APPEND_SUCCESSES = frozenset(
     {AppendOutcome.APPENDED, AppendOutcome.DUPLICATE, AppendOutcome.ALREADY_CLOSED}
 )
 DELETE_SUCCESSES = frozenset({DeleteOutcome.DELETED, DeleteOutcome.SOFT_DELETED})
+TRIM_SUCCESSES = frozenset({TrimOutcome.TRIMMED, TrimOutcome.UNCHANGED})
 
 CREATE_ERRORS: dict[CreateOutcome, Callable[[], ProtocolError]] = {
     CreateOutcome.CONFLICT: lambda: Conflict(
@@ -86,6 +97,8 @@ CREATE_ERRORS: dict[CreateOutcome, Callable[[], ProtocolError]] = {
     CreateOutcome.FORK_OFFSET_INVALID: lambda: BadRequest(
         "Stream-Fork-Offset is not a position of the source stream"
     ),
+    # The fork-offset-gone answer carries the source's start: built by the store
+    # (writes.fork_offset_gone), which knows it.
     CreateOutcome.SUB_OFFSET_INVALID: lambda: BadRequest(
         "Stream-Fork-Sub-Offset is past the next message boundary"
     ),
@@ -97,6 +110,14 @@ CREATE_ERRORS: dict[CreateOutcome, Callable[[], ProtocolError]] = {
 DELETE_ERRORS: dict[DeleteOutcome, Callable[[], ProtocolError]] = {
     DeleteOutcome.NOT_FOUND: lambda: NotFound("stream not found"),
     DeleteOutcome.GONE: lambda: Gone("stream was deleted"),
+}
+
+TRIM_ERRORS: dict[TrimOutcome, Callable[[], ProtocolError]] = {
+    TrimOutcome.NOT_FOUND: lambda: NotFound("stream not found"),
+    TrimOutcome.GONE: lambda: Gone("stream was deleted"),
+    TrimOutcome.OFFSET_INVALID: lambda: BadRequest(
+        "Stream-Trim-Before is not a retained position of this stream"
+    ),
 }
 
 
@@ -147,8 +168,9 @@ def append_error(
 def _complete() -> None:
     """Every outcome is a success or has its error: checked when the module loads."""
     for outcomes, successes, errors in (
-        (CreateOutcome, CREATE_SUCCESSES, CREATE_ERRORS),
+        (CreateOutcome, CREATE_SUCCESSES | {CreateOutcome.FORK_OFFSET_GONE}, CREATE_ERRORS),
         (DeleteOutcome, DELETE_SUCCESSES, DELETE_ERRORS),
+        (TrimOutcome, TRIM_SUCCESSES, TRIM_ERRORS),
     ):
         missing = set(outcomes) - set(successes) - set(errors)
         assert not missing, f"outcomes without an answer: {missing}"

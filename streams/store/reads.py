@@ -10,66 +10,108 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from streams.errors import BadRequest, Gone, NotFound
+from streams.errors import BadRequest, Gone, NotFound, OffsetGone
 from streams.protocol.offsets import Offset
 from streams.store.pool import carried, connection
-from streams.store.types import ReadResult, Segment, StreamMeta
+from streams.store.types import ReadResult, Retention, Segment, StreamMeta
 
-# The media type by the store's rule (ds_media_type), which judges appends: once per read.
-_META_SQL = (
-    "SELECT id, content_type, ds_media_type(content_type), next_seq, next_pos, closed,"
-    " ttl_seconds, expires_at, deleted, chain_ids, chain_lo, chain_hi"
-    " FROM ds_stream_meta(%s, %s)"
+# The columns of a stream's metadata, as ds_stream_meta returns them (the media type by the
+# store's rule, ds_media_type, which judges appends: once per read).
+_META_COLUMNS = (
+    "m.id, m.content_type, ds_media_type(m.content_type), m.next_seq, m.next_pos, m.closed,"
+    " m.ttl_seconds, m.expires_at, m.deleted, m.chain_ids, m.chain_lo, m.chain_hi,"
+    " m.first_seq, m.first_pos, m.resume_seq, m.compacted_seq, m.retention_max_age,"
+    " m.retention_max_bytes"
 )
+_META_WIDTH = 18
+_META_SQL = f"SELECT {_META_COLUMNS} FROM ds_stream_meta(%s, %s) AS m"
 # A range of one segment's rows, aggregated by PostgreSQL into one value: the messages
 # concatenated (joined with commas for JSON, so the body is that inside brackets), their count,
 # the first position (to check the read starts on a message boundary) and the end. Python
 # never touches a row: a catch-up of many tiny messages costs the event loop one value.
-# Bounded by bytes (``pos < limit``: always at least the first message) and by count. The
-# casts matter: psycopg sends small Python ints as smallint, and smallint + smallint overflows.
+# Bounded by bytes (``pos < start + bytes``: always at least the first message) and by count.
+# The casts matter: psycopg sends small Python ints as smallint, and smallint + smallint
+# overflows.
 _RANGE_SELECT = (
     "SELECT count(*), min(seq), min(pos), max(seq), max(pos + octet_length(data)),"
-    " string_agg(data, %(sep)s ORDER BY seq) FROM ds_message"
-    " WHERE stream_id = {stream} AND seq >= %(seq)s::bigint AND seq < {hi}"
-    " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(limit)s::bigint"
+    " string_agg(data, {sep} ORDER BY seq) FROM ds_message"
+    " WHERE stream_id = {stream} AND seq >= {seq} AND seq < {hi}"
+    " AND seq < {seq} + %(rows)s::bigint AND pos < {pos} + %(bytes)s::bigint"
 )
-_AGGREGATE_SQL = _RANGE_SELECT.format(stream="%(id)s", hi="%(hi)s")
+_AGGREGATE_SQL = _RANGE_SELECT.format(
+    sep="%(sep)s", stream="%(id)s", seq="%(seq)s::bigint", hi="%(hi)s", pos="%(pos)s::bigint"
+)
 # The same range as rows: for large messages, fetching them is 2-4x faster than aggregating
 # them (string_agg copies its growing value again and again; docs/benchmarks.md), and there
 # are few of them for Python to handle.
 _ROWS_SQL = (
     "SELECT seq, pos, data FROM ds_message"
     " WHERE stream_id = %(id)s AND seq >= %(seq)s::bigint AND seq < %(hi)s"
-    " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(limit)s::bigint ORDER BY seq"
+    " AND seq < %(seq)s::bigint + %(rows)s::bigint AND pos < %(pos)s::bigint + %(bytes)s::bigint"
+    " ORDER BY seq"
+)
+# A range of one segment where compaction may have left gaps (below the stream's
+# compacted_seq): the messages from the first stored one at or after `seq`, at most `rows` of
+# them and about `bytes` from `base` (NULL: from the first one found), aggregated as above; then
+# whether more are stored in the segment after those returned (the budget ended the read: it
+# may also end before the first one, in a later segment), and where the stored
+# message before `seq` ends (to check the start fits the gap it falls in).
+_GAPS_SQL = (
+    "WITH first AS (SELECT pos FROM ds_message WHERE stream_id = %(id)s"
+    "  AND seq >= %(seq)s::bigint AND seq < %(hi)s ORDER BY seq LIMIT 1),"
+    " r AS (SELECT m.seq, m.pos, m.data FROM ds_message AS m, first"
+    "  WHERE m.stream_id = %(id)s AND m.seq >= %(seq)s::bigint AND m.seq < %(hi)s"
+    "  AND m.pos < coalesce(%(base)s::bigint, first.pos) + %(bytes)s::bigint"
+    "  ORDER BY m.seq LIMIT %(rows)s::bigint)"
+    " SELECT count(*), min(r.seq), min(r.pos), max(r.seq), max(r.pos + octet_length(r.data)),"
+    " string_agg(r.data, %(sep)s ORDER BY r.seq),"
+    " EXISTS (SELECT 1 FROM ds_message AS n WHERE n.stream_id = %(id)s"
+    "  AND n.seq > coalesce((SELECT max(seq) FROM r), %(seq)s::bigint - 1) AND n.seq < %(hi)s),"
+    " (SELECT p.seq FROM ds_message AS p WHERE p.stream_id = %(id)s AND p.seq < %(seq)s::bigint"
+    "  AND p.seq >= %(lo)s ORDER BY p.seq DESC LIMIT 1),"
+    " (SELECT p.pos + octet_length(p.data) FROM ds_message AS p WHERE p.stream_id = %(id)s"
+    "  AND p.seq < %(seq)s::bigint AND p.seq >= %(lo)s ORDER BY p.seq DESC LIMIT 1)"
+    " FROM r"
 )
 # Messages of at least this many bytes on average are fetched as rows, smaller ones aggregated.
 LARGE_MESSAGE_BYTES = 4096
-# A live reader's re-read of a stream that is not a fork: its tail and the new messages in ONE
-# statement (one round trip, one snapshot). No row at all: the stream is gone.
+# A live reader's re-read of a stream that is not a fork: its tail, start and compaction bound
+# and the new messages in ONE statement (one round trip, one snapshot); the range only where
+# the stream has no gaps. No row at all: the stream is gone.
 _LIVE_SQL = (
-    "SELECT s.next_seq, s.next_pos, s.closed, s.deleted_at IS NOT NULL, m.*"
+    "SELECT s.next_seq, s.next_pos, s.closed, s.deleted_at IS NOT NULL, s.first_seq,"
+    " s.first_pos, s.resume_seq, s.compacted_seq, m.*"
     " FROM ds_stream AS s LEFT JOIN LATERAL ("
-    + _RANGE_SELECT.format(stream="s.id", hi="s.next_seq")
-    + ") AS m ON true WHERE s.id = %(id)s"
+    + _RANGE_SELECT.format(
+        sep="%(sep)s", stream="s.id", seq="%(seq)s::bigint", hi="s.next_seq", pos="%(pos)s::bigint"
+    )
+    + " AND %(seq)s::bigint >= greatest(s.first_seq, s.compacted_seq)"
+    ") AS m ON true WHERE s.id = %(id)s"
 )
 
 
 # A catch-up read in ONE statement: the stream (ds_stream_meta, TTL renewed) and, when it is not
-# a fork and its messages ahead are small on average, the range aggregated as _RANGE_SELECT
-# does. Otherwise (a fork, large messages: read_range) the range part is NULL.
+# a fork, the read starts where it has no gaps, and its messages ahead are small on average,
+# the range aggregated as _RANGE_SELECT does. Otherwise (a fork, large messages, compacted
+# history: read_range) the range part is NULL. A NULL start (`offset=-1`) is the stream's.
 _META_AND_RANGE_SQL = (
-    "SELECT m.id, m.content_type, ds_media_type(m.content_type), m.next_seq, m.next_pos,"
-    " m.closed, m.ttl_seconds, m.expires_at, m.deleted, m.chain_ids, m.chain_lo, m.chain_hi,"
-    " r.* FROM ds_stream_meta(%(path)s, true) AS m LEFT JOIN LATERAL ("
-    + _RANGE_SELECT.format(stream="m.id", hi="m.next_seq").replace(
-        "%(sep)s",
-        "(CASE WHEN ds_media_type(m.content_type) = 'application/json'"
+    f"SELECT {_META_COLUMNS}, r.* FROM ds_stream_meta(%(path)s, true) AS m"
+    " CROSS JOIN LATERAL (SELECT coalesce(%(seq)s::bigint, m.first_seq) AS seq,"
+    " coalesce(%(pos)s::bigint, m.first_pos) AS pos) AS st"
+    " LEFT JOIN LATERAL ("
+    + _RANGE_SELECT.format(
+        sep="(CASE WHEN ds_media_type(m.content_type) = 'application/json'"
         " THEN ','::bytea ELSE ''::bytea END)",
+        stream="m.id",
+        seq="st.seq",
+        hi="m.next_seq",
+        pos="st.pos",
     )
     # The gate goes inside the subquery, not in ON: a join condition filters the aggregate
     # after it is computed, and string_agg over large messages is what the gate avoids.
-    + " AND cardinality(m.chain_ids) = 1 AND NOT m.deleted AND m.next_seq > %(seq)s"
-    " AND m.next_pos - %(pos)s < %(large)s::bigint * (m.next_seq - %(seq)s)"
+    + " AND cardinality(m.chain_ids) = 1 AND NOT m.deleted AND m.next_seq > st.seq"
+    " AND st.seq >= greatest(m.first_seq, m.compacted_seq)"
+    " AND m.next_pos - st.pos < %(large)s::bigint * (m.next_seq - st.seq)"
     ") AS r ON true"
 )
 
@@ -84,16 +126,17 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
 
 
 async def read_from(
-    path: str, start: Offset, max_bytes: int, max_messages: int
+    path: str, start: Offset | None, max_bytes: int, max_messages: int
 ) -> tuple[StreamMeta, ReadResult]:
     """A catch-up read: the stream (its sliding TTL renewed) and its messages from ``start``
-    (as ``read_range``), in one round trip for a stream that is not a fork."""
+    (None: the stream's earliest retained position), as ``read_range``, in one round trip for
+    a stream that is not a fork and has no gaps there."""
     params = {
         "path": path,
-        "seq": start.seq,
-        "pos": start.pos,
+        "seq": start.seq if start is not None else None,
+        "pos": start.pos if start is not None else None,
         "rows": max_messages,
-        "limit": start.pos + max(max_bytes, 1),
+        "bytes": max(max_bytes, 1),
         "large": LARGE_MESSAGE_BYTES,
     }
     async with connection() as conn:
@@ -102,16 +145,17 @@ async def read_from(
         carried(conn, _data_bytes(row))
     meta = _meta(path, row)
     assert row is not None
-    # Not read with the metadata (a fork, large messages), or nothing read although the tail
-    # is ahead: ds_stream_meta, a volatile function, sees a newer snapshot than the statement
-    # around it, so appends committed in between show in the tail but not in the range. Then
-    # the range is read on its own. (A range that stops short is still right: up to date is
-    # judged against the tail, and the client reads on.)
-    if row[12] is None or not row[12]:
+    start = meta.start if start is None else start
+    # Not read with the metadata (a fork, large messages, compacted history), or nothing read
+    # although the tail is ahead: ds_stream_meta, a volatile function, sees a newer snapshot
+    # than the statement around it, so appends committed in between show in the tail but not
+    # in the range. Then the range is read on its own. (A range that stops short is still
+    # right: up to date is judged against the tail, and the client reads on.)
+    if row[_META_WIDTH] is None or not row[_META_WIDTH]:
         return meta, await read_range(meta, start, max_bytes, max_messages)
-    check_offset(meta, start)
+    check_start(meta, start)
     chunk = _Chunk(start, separator(meta))
-    chunk.add(row[12:])
+    chunk.add(row[_META_WIDTH:])
     return meta, _result(meta, start, chunk)
 
 
@@ -122,6 +166,7 @@ def _meta(path: str, row: tuple[Any, ...] | None) -> StreamMeta:
     if deleted:
         raise Gone("stream was deleted")
     ids, los, his = row[9], row[10], row[11]
+    first_seq, first_pos, resume_seq, compacted_seq, max_age, max_bytes = row[12:_META_WIDTH]
     return StreamMeta(
         id=sid,
         path=path,
@@ -132,6 +177,10 @@ def _meta(path: str, row: tuple[Any, ...] | None) -> StreamMeta:
         ttl_seconds=ttl,
         expires_at=expires_at,
         segments=tuple(Segment(i, lo, hi) for i, lo, hi in zip(ids, los, his, strict=True)),
+        start=Offset(first_seq, first_pos),
+        resume_seq=resume_seq,
+        compacted_seq=compacted_seq,
+        retention=Retention(max_age, max_bytes),
     )
 
 
@@ -142,16 +191,44 @@ def check_offset(meta: StreamMeta, start: Offset) -> None:
         raise BadRequest("offset is beyond the end of the stream")
 
 
+def check_start(meta: StreamMeta, start: Offset) -> None:
+    """Where a read may start: not past the tail (400), not before what the stream retains
+    (PROTOCOL.md 5.6: 410 Gone, with where the stream starts now)."""
+    check_offset(meta, start)
+    if meta.gone(start):
+        raise OffsetGone(str(meta.start))
+
+
 async def read_range(
     meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
 ) -> ReadResult:
     """Messages from ``start`` up to about ``max_bytes`` and at most ``max_messages`` (always
-    at least one message), across the fork chain, bounded by the tail in ``meta``."""
-    check_offset(meta, start)
+    at least one message), across the fork chain, bounded by the tail in ``meta``. A read of
+    compacted history continues at the next message kept. If the stream was trimmed or
+    compacted since ``meta`` was read, the read is judged again on its new state."""
+    check_start(meta, start)
+    try:
+        return await _read_range(meta, start, max_bytes, max_messages)
+    except _NotContiguous:
+        fresh = await stream_meta(meta.path, touch=False)
+        if fresh.id != meta.id:
+            raise NotFound("stream was deleted") from None
+        check_start(fresh, start)
+        if start.seq >= fresh.compacted_seq:
+            raise
+        fresh = replace(fresh, tail=meta.tail, closed=meta.closed)
+        return await _read_range(fresh, start, max_bytes, max_messages)
+
+
+async def _read_range(
+    meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
+) -> ReadResult:
+    if start.seq < meta.compacted_seq:
+        return await _read_with_gaps(meta, start, max_bytes, max_messages)
     tail = meta.tail
     chunk = _Chunk(start, separator(meta))
     if start.seq < tail.seq:
-        params = {"sep": chunk.separator, "limit": start.pos + max(max_bytes, 1)}
+        params = {"sep": chunk.separator, "pos": start.pos, "bytes": max(max_bytes, 1)}
         # What the messages ahead weigh on average decides how they are fetched.
         large = (tail.pos - start.pos) >= LARGE_MESSAGE_BYTES * (tail.seq - start.seq)
         async with connection() as conn:
@@ -177,8 +254,81 @@ async def read_range(
                     break  # the byte or count budget ended this read inside the segment
             carried(conn, chunk.end.pos - start.pos)
         if not chunk.count:
-            raise BadRequest("offset does not belong to this stream")
+            raise _NotContiguous("offset does not belong to this stream")
     return _result(meta, start, chunk)
+
+
+async def _read_with_gaps(
+    meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
+) -> ReadResult:
+    """A read from compacted history, where stored messages may have gaps between them: from
+    the first message stored at or after ``start``. The start must fit the gap it falls in
+    (each message holds at least one byte). The read ends at its budget (at the end of the
+    last message read: a position the stream minted) or at the tail."""
+    tail = meta.tail
+    chunk = _Chunk(start, separator(meta))
+    params: dict[str, Any] = {"sep": chunk.separator, "bytes": max(max_bytes, 1), "base": None}
+    first = True
+    exhausted = False
+    async with connection() as conn:
+        for segment in reversed(meta.segments):
+            hi = tail.seq if segment.hi is None else min(segment.hi, tail.seq)
+            lo = max(segment.lo, chunk.end.seq)
+            if lo >= hi:
+                continue
+            rows = max_messages - chunk.count
+            cur = await conn.execute(
+                _GAPS_SQL,
+                params
+                | {"id": segment.stream_id, "seq": lo, "hi": hi, "rows": rows, "lo": segment.lo},
+                binary=True,
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            count, first_seq, first_pos, _, _, _, more, prev_seq, prev_end = row
+            if first:
+                _check_gap(start, prev_seq, prev_end, (first_seq, first_pos) if count else None)
+                first = False
+            if count:
+                chunk.add(row[:6], gaps=True)
+                params["base"] = params["base"] if params["base"] is not None else first_pos
+            if more or chunk.count >= max_messages:
+                exhausted = True
+                break
+        carried(conn, chunk.end.pos - start.pos)
+    if first:
+        _check_gap(start, None, None, None)
+    if not exhausted:
+        # Nothing stored between the last message read and the tail: all compacted away.
+        if not (start.seq <= tail.seq and tail.pos - start.pos >= tail.seq - start.seq):
+            raise BadRequest("offset does not belong to this stream")
+        chunk.end = tail
+    return _result(meta, start, chunk)
+
+
+def _check_gap(
+    start: Offset,
+    prev_seq: int | None,
+    prev_end: int | None,
+    following: tuple[int, int] | None,
+) -> None:
+    """Does ``start`` fit between the stored message before it (``prev_seq``, ending at
+    ``prev_end``) and the one after (``following``: seq and pos), every message in between
+    holding at least one byte?"""
+    if (
+        prev_seq is not None
+        and prev_end is not None
+        and (start.pos < prev_end or start.pos - prev_end < start.seq - prev_seq - 1)
+    ):
+        raise BadRequest("offset does not belong to this stream")
+    if following is not None:
+        seq, pos = following
+        if (
+            (seq == start.seq and pos != start.pos)
+            or start.pos > pos
+            or (pos - start.pos < seq - start.seq)
+        ):
+            raise BadRequest("offset does not belong to this stream")
 
 
 def _data_bytes(row: tuple[Any, ...] | None) -> int:
@@ -205,13 +355,17 @@ class _Chunk:
         self.parts: list[bytes] = []
         self.separator = sep
 
-    def add(self, row: tuple[Any, ...]) -> None:
-        """``(count, first seq, first pos, last seq, end pos, data)`` from _RANGE_SELECT."""
+    def add(self, row: tuple[Any, ...], *, gaps: bool = False) -> None:
+        """``(count, first seq, first pos, last seq, end pos, data)`` from _RANGE_SELECT
+        (``gaps``: from _GAPS_SQL, which may start past the end of what came before)."""
         count, first_seq, first_pos, last_seq, end_pos, data = row
         if not count:
             return
-        if (first_seq, first_pos) != (self.end.seq, self.end.pos):
-            raise BadRequest("offset does not belong to this stream")
+        if gaps:
+            if first_seq < self.end.seq or first_pos < self.end.pos:
+                raise BadRequest("offset does not belong to this stream")
+        elif (first_seq, first_pos) != (self.end.seq, self.end.pos):
+            raise _NotContiguous("offset does not belong to this stream")
         if self.parts and self.separator:
             self.parts.append(self.separator)
         self.parts.append(bytes(data))
@@ -222,7 +376,7 @@ class _Chunk:
         """``(seq, pos, data)`` rows from _ROWS_SQL, each continuing the one before."""
         for seq, pos, data in rows:
             if (seq, pos) != (self.end.seq, self.end.pos):
-                raise BadRequest("offset does not belong to this stream")
+                raise _NotContiguous("offset does not belong to this stream")
             if self.parts and self.separator:
                 self.parts.append(self.separator)
             self.parts.append(data)
@@ -246,7 +400,8 @@ async def reread(
     meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
 ) -> tuple[StreamMeta, ReadResult]:
     """A live reader's re-read after a wake-up: the stream's current state and what it holds
-    from ``start``. Raises NotFound or Gone when the stream went away meanwhile."""
+    from ``start``. Raises NotFound or Gone when the stream went away meanwhile, OffsetGone
+    when it was trimmed past ``start``."""
     if len(meta.segments) > 1:
         fresh = await stream_meta(meta.path, touch=False)
         if fresh.id != meta.id:
@@ -256,8 +411,9 @@ async def reread(
     params = {
         "id": meta.id,
         "seq": start.seq,
+        "pos": start.pos,
         "rows": max_messages,
-        "limit": start.pos + max(max_bytes, 1),
+        "bytes": max(max_bytes, 1),
         "sep": chunk.separator,
     }
     async with connection() as conn:
@@ -266,10 +422,28 @@ async def reread(
         carried(conn, _data_bytes(row))
     if row is None:
         raise NotFound("stream was deleted")
-    next_seq, next_pos, closed, deleted = row[:4]
+    next_seq, next_pos, closed, deleted, first_seq, first_pos, resume_seq, compacted_seq = row[:8]
     if deleted:
         raise Gone("stream was deleted")
-    fresh = replace(meta, tail=Offset(next_seq, next_pos), closed=closed)
-    check_offset(fresh, start)
-    chunk.add(row[4:])
+    fresh = replace(
+        meta,
+        tail=Offset(next_seq, next_pos),
+        closed=closed,
+        start=Offset(first_seq, first_pos),
+        resume_seq=resume_seq,
+        compacted_seq=compacted_seq,
+    )
+    check_start(fresh, start)
+    if start.seq < compacted_seq:
+        return fresh, await read_range(fresh, start, max_bytes, max_messages)
+    # One snapshot: the rows are exactly those of the stream state above.
+    try:
+        chunk.add(row[8:])
+    except _NotContiguous:
+        raise BadRequest("offset does not belong to this stream") from None
     return fresh, _result(fresh, start, chunk)
+
+
+class _NotContiguous(BadRequest):
+    """The rows found do not continue where the read is: a bad offset, or the stream was
+    trimmed or compacted since its metadata was read."""

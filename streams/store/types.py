@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from streams.protocol.headers import ProducerTuple, is_json
-from streams.protocol.offsets import Offset
+from streams.protocol.offsets import ZERO, Offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,18 @@ class Segment:
     stream_id: int
     lo: int
     hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """A retention policy (docs/gaps.md, Retention): messages older than ``max_age`` seconds,
+    and those before the newest ``max_bytes`` bytes, are trimmed. None: no limit."""
+
+    max_age: int | None = None
+    max_bytes: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.max_age is not None or self.max_bytes is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +45,23 @@ class StreamMeta:
     expires_at: datetime | None
     # Segments from the stream itself down its fork chain (one segment when not a fork).
     segments: tuple[Segment, ...]
+    # The earliest retained position: `offset=-1` reads from here, earlier offsets are gone.
+    start: Offset = ZERO
+    # Explicit offsets below this seq (but the start) are gone: compaction dropped a delete
+    # event after them (state/compaction.py).
+    resume_seq: int = 0
+    # Below this seq, compaction may have left gaps between the stored messages.
+    compacted_seq: int = 0
+    # The stream's own retention policy (the server-wide default is not included).
+    retention: Retention = Retention()
 
     @property
     def is_json(self) -> bool:
         return is_json(self.media_type)
+
+    def gone(self, offset: Offset) -> bool:
+        """Is ``offset`` before what this stream retains (PROTOCOL.md 5.6: 410 Gone)?"""
+        return offset < self.start or (offset.seq < self.resume_seq and offset != self.start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +105,8 @@ class CreateRequest:
     fork: ForkSpec | None = None
     # Who creates it (``access.grants.Principal.label``), recorded with the stream.
     created_by: str | None = None
+    # Its own retention policy; None: none (a fork then inherits its source's).
+    retention: Retention | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +146,13 @@ class AppendResult:
     duplicate: bool
     producer_epoch: int | None
     producer_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResult:
+    """After a trim: where the stream starts and its tail; ``trimmed`` False when it already
+    started at or after the offset asked for."""
+
+    trimmed: bool
+    start: Offset
+    tail: Offset

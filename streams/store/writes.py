@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import errors
 
-from streams.errors import ProtocolError
+from streams.errors import OffsetGone, ProtocolError
 from streams.protocol.offsets import Offset
 from streams.store.outcomes import (
     APPEND_SUCCESSES,
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _CREATE_SQL = (
     "SELECT outcome, id, content_type, next_seq, next_pos, closed"
-    " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s, %s)"
+    " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 # Scalar parameters only: psycopg's per-element type detection for list parameters cost more
 # than the whole SQL function (docs/decisions.md).
@@ -105,11 +105,20 @@ def _create_params(request: CreateRequest, max_stream_bytes: int) -> tuple[Any, 
         fork.offset.pos if fork and fork.offset else None,
         fork.sub_offset if fork else 0,
         request.created_by,
+        request.retention.max_age if request.retention else None,
+        request.retention.max_bytes if request.retention else None,
     )
 
 
 def _create_result(row: tuple[Any, ...]) -> CreateResult:
     outcome = CreateOutcome(row[0])
+    if outcome is CreateOutcome.FORK_OFFSET_GONE:
+        # The row carries the source's start in place of the tail (ds_create).
+        raise OffsetGone(
+            str(Offset(row[3], row[4])),
+            "Stream-Fork-Offset is before the source's earliest retained position or inside"
+            " its compacted history",
+        )
     if outcome not in CREATE_SUCCESSES:
         raise CREATE_ERRORS[outcome]()
     _, stream_id, content_type, next_seq, next_pos, closed = row

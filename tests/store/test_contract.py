@@ -374,7 +374,7 @@ def test_catch_up_read_is_planned_for_one_stream(pg: Any) -> None:
     one stream. With the default estimate of 1000 rows a stream with many messages looks
     costly enough (over jit_above_cost) for PostgreSQL to JIT-compile the plan first: ~150 ms
     for a read of 1 ms."""
-    params = {"path": "x", "seq": 0, "pos": 0, "rows": 10_000, "limit": 1 << 22}
+    params = {"path": "x", "seq": 0, "pos": 0, "rows": 10_000, "bytes": 1 << 22}
     params["large"] = reads.LARGE_MESSAGE_BYTES
     plan = pg.execute("EXPLAIN (FORMAT JSON) " + reads._META_AND_RANGE_SQL, params).fetchone()[0]
     (meta,) = [

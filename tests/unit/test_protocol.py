@@ -53,8 +53,10 @@ class TestOffsets:
             parse(text)
 
     def test_sentinels(self) -> None:
-        assert parse_read_offset([]).offset == Offset(0, 0)
-        assert parse_read_offset(["-1"]).offset == Offset(0, 0)
+        assert parse_read_offset([]).beginning
+        assert parse_read_offset(["-1"]).beginning
+        assert parse_read_offset(["-1"]).offset is None
+        assert not parse_read_offset(["0000000000000000_0000000000000000"]).beginning
         assert parse_read_offset(["now"]).at_tail
         with pytest.raises(BadRequest):
             parse_read_offset(["-1", "now"])

@@ -62,10 +62,17 @@ BEGIN
         DELETE FROM ds_stream WHERE id = v_id RETURNING fork_source_id INTO v_source;
         DELETE FROM ds_message WHERE stream_id = v_id;
         DELETE FROM ds_producer WHERE stream_id = v_id;
+        DELETE FROM ds_stream_mark WHERE stream_id = v_id;
+        DELETE FROM ds_purge_pending WHERE stream_id = v_id;
         PERFORM ds_notify_deleted(v_id);
         EXIT WHEN v_source IS NULL;
         UPDATE ds_stream SET fork_refcount = fork_refcount - 1
          WHERE id = v_source RETURNING * INTO v_src;
+        -- The source kept rows below its start for this fork: they may go now (retention.sql).
+        IF FOUND AND v_src.first_seq > 0 THEN
+            INSERT INTO ds_purge_pending (stream_id, due_at) VALUES (v_source, now())
+            ON CONFLICT (stream_id) DO UPDATE SET due_at = least(ds_purge_pending.due_at, now());
+        END IF;
         EXIT WHEN NOT FOUND OR v_src.fork_refcount > 0 OR v_src.deleted_at IS NULL;
         v_id := v_source;
     END LOOP;
@@ -140,13 +147,17 @@ $$;
 -- (reads renew it, HEAD does not: PROTOCOL.md 5.1). An expired stream is expired on the spot.
 -- For a fork, chain_ids/chain_lo/chain_hi list the segments whose rows make up the stream:
 -- rows of chain_ids[i] with chain_lo[i] <= seq < chain_hi[i] (NULL hi: no upper bound).
+-- Retention (retention.sql): the earliest retained position (first_seq, first_pos), the
+-- compaction bounds (compacted_seq, resume_seq) and the stream's own retention policy.
 -- ROWS 1 (here, in ds_create and ds_append): joined to a range of messages, the default
 -- estimate of 1000 rows makes the plan look costly enough for JIT, which takes ~150 ms.
 CREATE OR REPLACE FUNCTION ds_stream_meta(p_path text, p_touch boolean)
 RETURNS TABLE (
     id bigint, content_type text, next_seq bigint, next_pos bigint, closed boolean,
     ttl_seconds bigint, expires_at timestamptz, deleted boolean, created_at timestamptz,
-    chain_ids bigint[], chain_lo bigint[], chain_hi bigint[]
+    chain_ids bigint[], chain_lo bigint[], chain_hi bigint[],
+    first_seq bigint, first_pos bigint, resume_seq bigint, compacted_seq bigint,
+    retention_max_age bigint, retention_max_bytes bigint
 )
 LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
@@ -183,7 +194,9 @@ BEGIN
         EXIT WHEN NOT FOUND;
     END LOOP;
     RETURN QUERY SELECT s.id, s.content_type, s.next_seq, s.next_pos, s.closed, s.ttl_seconds,
-        s.expires_at, s.deleted_at IS NOT NULL, s.created_at, v_ids, v_lo, v_hi;
+        s.expires_at, s.deleted_at IS NOT NULL, s.created_at, v_ids, v_lo, v_hi,
+        s.first_seq, s.first_pos, s.resume_seq, s.compacted_seq, s.retention_max_age,
+        s.retention_max_bytes;
 END;
 $$;
 
@@ -274,7 +287,8 @@ $$;
 -- Create a stream, or a fork of one (PROTOCOL.md 4.2, 5.1). Idempotent: an existing stream with
 -- the same configuration answers `exists`, a different one `conflict`. p_content_type NULL
 -- means "not given": the source's type for a fork (the caller supplies the default otherwise).
--- p_fork_seq NULL means the source's tail.
+-- p_fork_seq NULL means the source's tail. p_retention_max_age / _bytes: the stream's retention
+-- policy (retention.sql), NULL for none of its own (a fork then inherits its source's).
 -- Outcomes: ds_create_outcome (streams/store/outcomes.py maps them to answers).
 CREATE OR REPLACE FUNCTION ds_create(
     p_path text,
@@ -288,7 +302,9 @@ CREATE OR REPLACE FUNCTION ds_create(
     p_fork_seq bigint,
     p_fork_pos bigint,
     p_fork_sub bigint,
-    p_created_by text
+    p_created_by text,
+    p_retention_max_age bigint,
+    p_retention_max_bytes bigint
 )
 RETURNS TABLE (
     outcome ds_create_outcome, id bigint, content_type text, next_seq bigint, next_pos bigint,
@@ -301,6 +317,14 @@ DECLARE
     v_type text := p_content_type;
     v_ttl bigint := p_ttl_seconds;
     v_expires timestamptz := p_expires_at;
+    v_max_age bigint := p_retention_max_age;
+    v_max_bytes bigint := p_retention_max_bytes;
+    -- What a fork inherits of its source's retention (its start, compaction bounds).
+    v_first_seq bigint := 0;
+    v_first_pos bigint := 0;
+    v_compacted_seq bigint := 0;
+    v_compacted_bytes bigint := 0;
+    v_resume_seq bigint := 0;
     v_anchor_seq bigint := 0;
     v_anchor_pos bigint := 0;
     v_prefix bytea[] := '{}';
@@ -320,6 +344,12 @@ BEGIN
             outcome := CASE WHEN ds_create_matches(s, p_content_type, p_ttl_seconds,
                                 p_expires_at, p_closed, p_fork_from, p_fork_seq, p_fork_pos,
                                 p_fork_sub)
+                                 -- Retention policies compare only when the request gives
+                                 -- them (docs/gaps.md, Retention).
+                                 AND (p_retention_max_age IS NULL
+                                      OR p_retention_max_age = s.retention_max_age)
+                                 AND (p_retention_max_bytes IS NULL
+                                      OR p_retention_max_bytes = s.retention_max_bytes)
                             THEN 'exists' ELSE 'conflict' END;
             RETURN QUERY SELECT outcome, s.id, s.content_type, s.next_seq, s.next_pos, s.closed;
             RETURN;
@@ -337,12 +367,21 @@ BEGIN
                 WHEN p_content_type IS NOT NULL
                      AND ds_media_type(p_content_type) <> ds_media_type(src.content_type)
                     THEN 'content_type_mismatch'
+                -- Before the source's start, or inside its compacted history (whose events
+                -- were judged against later ones): not retained as it was (PROTOCOL.md 5.6).
+                WHEN p_fork_seq IS NOT NULL
+                     AND ((p_fork_seq, p_fork_pos) < (src.first_seq, src.first_pos)
+                          OR p_fork_seq < src.compacted_seq)
+                    THEN 'fork_offset_gone'
                 WHEN p_fork_seq IS NOT NULL AND NOT ds_is_position(src, p_fork_seq, p_fork_pos)
                     THEN 'fork_offset_invalid'
             END;
             IF outcome IS NOT NULL THEN
-                RETURN QUERY SELECT outcome, NULL::bigint, NULL::text, NULL::bigint,
-                    NULL::bigint, NULL::boolean;
+                -- fork_offset_gone answers with the source's start, where it now begins.
+                RETURN QUERY SELECT outcome, NULL::bigint, NULL::text,
+                    CASE WHEN outcome = 'fork_offset_gone' THEN src.first_seq END,
+                    CASE WHEN outcome = 'fork_offset_gone' THEN src.first_pos END,
+                    NULL::boolean;
                 RETURN;
             END IF;
             v_type := coalesce(p_content_type, src.content_type);
@@ -360,11 +399,23 @@ BEGIN
                 v_ttl := src.ttl_seconds;
                 v_expires := src.expires_at;
             END IF;
+            -- Retention: the fork's own policy when given, else the source's; it starts where
+            -- the source does, with the source's compacted history (docs/gaps.md, Retention).
+            IF p_retention_max_age IS NULL AND p_retention_max_bytes IS NULL THEN
+                v_max_age := src.retention_max_age;
+                v_max_bytes := src.retention_max_bytes;
+            END IF;
+            v_first_seq := least(src.first_seq, v_anchor_seq);
+            v_first_pos := least(src.first_pos, v_anchor_pos);
+            v_compacted_seq := least(src.compacted_seq, v_anchor_seq);
+            v_compacted_bytes := src.compacted_bytes;
+            v_resume_seq := least(src.resume_seq, v_anchor_seq);
         END IF;
 
         SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes
           FROM unnest(v_prefix || coalesce(p_data, '{}')) AS d;
-        IF v_anchor_pos + v_bytes > p_max_stream_bytes THEN
+        -- The size limit counts retained bytes (a fork's inherited ones included).
+        IF v_anchor_pos - v_first_pos - v_compacted_bytes + v_bytes > p_max_stream_bytes THEN
             RETURN QUERY SELECT 'too_large'::ds_create_outcome, NULL::bigint, NULL::text,
                 NULL::bigint, NULL::bigint, NULL::boolean;
             RETURN;
@@ -373,14 +424,16 @@ BEGIN
         INSERT INTO ds_stream AS t (
             path, content_type, created_at, accessed_at, ttl_seconds, expires_at, next_seq,
             next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_sub_offset,
-            fork_refcount, created_by
+            fork_refcount, created_by, retention_max_age, retention_max_bytes, first_seq,
+            first_pos, compacted_seq, compacted_bytes, resume_seq
         ) VALUES (
             p_path, v_type, now(), now(), v_ttl, v_expires, v_anchor_seq, v_anchor_pos,
             p_closed, src.id,
             CASE WHEN src.id IS NOT NULL THEN v_anchor_seq END,
             CASE WHEN src.id IS NOT NULL THEN v_anchor_pos END,
             CASE WHEN src.id IS NOT NULL THEN p_fork_sub END,
-            0, p_created_by
+            0, p_created_by, v_max_age, v_max_bytes, v_first_seq, v_first_pos, v_compacted_seq,
+            v_compacted_bytes, v_resume_seq
         )
         ON CONFLICT (path) DO NOTHING
         RETURNING t.id INTO v_id;
@@ -642,7 +695,8 @@ BEGIN
             v_known, v_epoch, v_last, v_producer, v_req_epoch, v_req_seq,
             v_closed, v_closed_by, v_closed_epoch, v_closed_seq,
             v_count, (r ->> 1)::boolean, r ->> 0, v_stream_media,
-            v_req_stream_seq, v_stream_seq, v_pos + v_bytes <= p_max_stream_bytes,
+            v_req_stream_seq, v_stream_seq,
+            v_pos - s.first_pos - s.compacted_bytes + v_bytes <= p_max_stream_bytes,
             v_count = 0 OR (r ->> 8)::bigint IS NOT DISTINCT FROM v_validation);
         -- What the answer carries (PROTOCOL.md 5.2.1).
         producer_epoch := CASE
