@@ -240,3 +240,23 @@ BEGIN
     RETURN (SELECT version FROM ds_state_stream WHERE stream_id = p_stream_id);
 END;
 $$;
+
+-- Retention (streams/store/sql/retention.sql). A registered state stream keeps its whole
+-- history unless it asks otherwise: the server-wide default retention would silently drop
+-- state that clients reading from -1 need (it compacts instead: state/compaction.py).
+CREATE OR REPLACE FUNCTION ds_hook_keeps_history(p_stream_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM ds_state_stream WHERE stream_id = p_stream_id);
+END;
+$$;
+
+-- Before a state stream's start moves forward, its entities take in every event they have
+-- not yet, so the materialized state never misses one (the trim holds the stream's lock: no
+-- append can slip in between).
+CREATE OR REPLACE FUNCTION ds_hook_trimming(s ds_stream) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM ds_state_catch_up(s.id, NULL, true);
+END;
+$$;

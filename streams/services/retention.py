@@ -68,9 +68,12 @@ class SweepReport:
     purged_rows: int = 0
 
 
-async def enforce_retention(progress: Progress | None = None) -> SweepReport:
-    """One pass of the retention sweep: every stream under a retention policy is marked in its
-    time index and trimmed to what its policy keeps; then trimmed rows are purged."""
+async def enforce_retention(
+    progress: Progress | None = None, only: set[str] | None = None
+) -> SweepReport:
+    """One pass of the retention sweep: every stream under a retention policy (of ``only``,
+    when given) is marked in its time index and trimmed to what its policy keeps; then
+    trimmed rows are purged."""
     report = SweepReport()
     after = 0
     while True:
@@ -82,6 +85,8 @@ async def enforce_retention(progress: Progress | None = None) -> SweepReport:
             mark_interval=max(settings.DS_RETENTION_SWEEP_INTERVAL_SECS, 1.0),
         )
         for candidate in page:
+            if only is not None and candidate.path not in only:
+                continue
             report.streams += 1
             if candidate.due and await store.retention_trim(candidate.stream_id, candidate.target):
                 report.trimmed.append(candidate.path)
@@ -101,18 +106,18 @@ async def purge(progress: Progress | None = None) -> int:
     deleted."""
     total = 0
     batch = settings.DS_RETENTION_PURGE_BATCH_ROWS
-    while (stream_id := await store.purge_claim(PURGE_LEASE_SECS)) is not None:
+    while (claim := await store.purge_claim(PURGE_LEASE_SECS)) is not None:
         deleted = 0
         position: int | None = None
         while True:
-            position, rows = await store.purge_step(stream_id, position, batch)
+            position, rows = await store.purge_step(claim, position, batch)
             deleted += rows
             if position is None:
                 break
         total += deleted
         metrics.PURGED_MESSAGES.inc(deleted)
         if progress is not None and deleted:
-            progress("purged", f"#{stream_id}", f"{deleted} messages")
+            progress("purged", claim.path, f"{deleted} messages")
     return total
 
 

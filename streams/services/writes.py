@@ -16,6 +16,7 @@ from streams.protocol import headers as h
 from streams.protocol import json_mode
 from streams.protocol.headers import ProducerTuple
 from streams.protocol.offsets import Offset
+from streams.services import retention
 from streams.store import create_commit, group_commit, reads, writes
 from streams.store.types import (
     AppendRequest,
@@ -159,9 +160,12 @@ async def _json_messages(path: str, body_media: str, body: bytes) -> tuple[list[
 
 
 async def delete_stream(*, path: str, principal: Principal, resource: str | None = None) -> None:
-    """Remove a stream, or soft-delete it while forks read through it (PROTOCOL.md 5.4)."""
+    """Remove a stream, or soft-delete it while forks read through it (PROTOCOL.md 5.4). What
+    nobody reads any more (a soft-deleted stream's rows its forks do not read, a source's
+    rows a deleted fork read) is purged in the background (streams.services.retention)."""
     principal.require(resource or stream_resource(path), Operation.MANAGE)
     await writes.delete_stream(path)
+    retention.schedule_purge()
 
 
 def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolError]) -> None:

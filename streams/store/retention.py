@@ -10,6 +10,7 @@ source are kept until no fork needs them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from streams.protocol.offsets import Offset
 from streams.store.outcomes import TRIM_ERRORS, TRIM_SUCCESSES, TrimOutcome
@@ -38,25 +39,38 @@ async def trim(path: str, before: Offset | None) -> TrimResult:
     )
 
 
-async def purge_step(stream_id: int, from_seq: int | None, batch: int) -> tuple[int | None, int]:
-    """Delete one batch of a stream's rows that nobody reads any more, in one short
+@dataclass(frozen=True, slots=True)
+class PurgeClaim:
+    """A stream this process purges; no other takes it before its lease ends."""
+
+    stream_id: int
+    path: str
+    # The claim's due time: the stream leaves the queue only if nobody queued it again.
+    token: datetime
+
+
+async def purge_claim(lease_secs: float) -> PurgeClaim | None:
+    """Take the stream that waits longest for a purge (no other process takes it for
+    ``lease_secs``); None when none is due."""
+    async with connection() as conn:
+        cur = await conn.execute(
+            "SELECT stream_id, path, claim FROM ds_purge_claim(%s)", (lease_secs,)
+        )
+        row = await cur.fetchone()
+    return PurgeClaim(row[0], row[1] or f"#{row[0]}", row[2]) if row else None
+
+
+async def purge_step(claim: PurgeClaim, from_seq: int | None, batch: int) -> tuple[int | None, int]:
+    """Delete one batch of a claimed stream's rows that nobody reads any more, in one short
     transaction: (where the next batch starts, or None when done; rows deleted)."""
     async with connection() as conn:
         cur = await conn.execute(
-            "SELECT next_from, deleted FROM ds_purge(%s, %s, %s)", (stream_id, from_seq, batch)
+            "SELECT next_from, deleted FROM ds_purge(%s, %s, %s, %s)",
+            (claim.stream_id, claim.token, from_seq, batch),
         )
         row = await cur.fetchone()
     assert row is not None
     return row[0], row[1]
-
-
-async def purge_claim(lease_secs: float) -> int | None:
-    """Take the stream that waits longest for a purge (no other process takes it for
-    ``lease_secs``); None when none is due."""
-    async with connection() as conn:
-        cur = await conn.execute("SELECT ds_purge_claim(%s)", (lease_secs,))
-        row = await cur.fetchone()
-    return row[0] if row else None
 
 
 @dataclass(frozen=True, slots=True)

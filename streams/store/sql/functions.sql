@@ -68,8 +68,9 @@ BEGIN
         EXIT WHEN v_source IS NULL;
         UPDATE ds_stream SET fork_refcount = fork_refcount - 1
          WHERE id = v_source RETURNING * INTO v_src;
-        -- The source kept rows below its start for this fork: they may go now (retention.sql).
-        IF FOUND AND v_src.first_seq > 0 THEN
+        -- The source kept rows for this fork (below its start, or all of them when it is
+        -- soft-deleted): they may go now (retention.sql).
+        IF FOUND AND (v_src.first_seq > 0 OR v_src.deleted_at IS NOT NULL) THEN
             INSERT INTO ds_purge_pending (stream_id, due_at) VALUES (v_source, now())
             ON CONFLICT (stream_id) DO UPDATE SET due_at = least(ds_purge_pending.due_at, now());
         END IF;
@@ -87,6 +88,9 @@ BEGIN
     IF s.fork_refcount > 0 THEN
         UPDATE ds_stream SET deleted_at = coalesce(deleted_at, now()) WHERE id = s.id;
         PERFORM ds_notify_deleted(s.id);
+        -- Only what its forks read is kept: the rest is purged (retention.sql).
+        INSERT INTO ds_purge_pending (stream_id, due_at) VALUES (s.id, now())
+        ON CONFLICT (stream_id) DO UPDATE SET due_at = least(ds_purge_pending.due_at, now());
     ELSE
         PERFORM ds_remove(s.id);
     END IF;

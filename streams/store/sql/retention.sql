@@ -6,7 +6,7 @@
 -- earlier offsets answer 410 and `offset=-1` starts there. The rows below it are deleted
 -- afterwards, in bounded batches that take no stream lock at all (ds_purge): appends only
 -- insert at the tail, and readers never look below the start. Rows that forks still read
--- through the stream are kept until no fork needs them (ds_purge_bound).
+-- through the stream are kept until no fork needs them (ds_fork_reads).
 --
 -- Age retention needs to know when messages were appended without a timestamp on every row
 -- (the hot path stays as it is): the sweep records the tail of each stream with an age policy
@@ -135,12 +135,12 @@ BEGIN
 END;
 $$;
 
--- The lowest position stream s must keep for readers of s's own rows that come from its forks
--- (the forks' own starts, through any depth of forks), with seq < the fork points on the way.
--- Soft-deleted streams read nothing themselves but their forks still read through them.
--- Returns (the lowest seq any fork reads of s's rows, the highest seq any fork reads below);
--- NULLs when no fork reads any of s's rows.
-CREATE OR REPLACE FUNCTION ds_fork_reads(p_stream_id bigint, OUT lowest bigint, OUT highest bigint)
+-- What of stream p_stream_id's own rows its forks read (through any depth of forks: a fork
+-- reads the rows of its source chain below the fork points on the way, from its own start):
+-- they read within [lowest, highest); NULLs when no fork reads any. Soft-deleted streams read
+-- nothing themselves, but their forks still read through them.
+CREATE OR REPLACE FUNCTION ds_fork_reads(p_stream_id bigint, OUT lowest bigint,
+                                         OUT highest bigint)
 LANGUAGE sql STABLE AS $$
     WITH RECURSIVE tree (id, upper, first_seq, deleted) AS (
         SELECT c.id, c.fork_seq, c.first_seq, c.deleted_at IS NOT NULL
@@ -152,47 +152,48 @@ LANGUAGE sql STABLE AS $$
     SELECT min(first_seq), max(upper) FROM tree WHERE NOT deleted AND first_seq < upper
 $$;
 
--- Rows of stream p_stream_id below this seq are read by nobody: not by its own readers (below
--- its start; a soft-deleted stream has none), nor by its forks'.
-CREATE OR REPLACE FUNCTION ds_purge_bound(p_stream_id bigint) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT least(CASE WHEN s.deleted_at IS NULL THEN s.first_seq ELSE s.next_seq END,
-                 (ds_fork_reads(s.id)).lowest)
-      FROM ds_stream AS s WHERE s.id = p_stream_id
-$$;
-
--- Delete the messages of one range of seq [p_from, p_from + p_batch) that nobody reads any
--- more, in the caller's (short) transaction, without taking the stream's row lock (p_from
--- NULL: from the stream's lowest row). next_from: where the next batch starts, NULL when
--- there is nothing more to delete; then the stream leaves the purge queue, unless a fork still
--- holds rows below its start (it stays queued, and is looked at again when its claim's lease
--- ends; when the fork goes, they go). A range of seq
--- keeps the batch bounded even where compaction left gaps; the caller carries the position
--- from batch to batch, since looking for the lowest row again would step over the index
--- entries of every row deleted so far.
+-- Delete one batch of a stream's rows that nobody reads any more, in the caller's (short)
+-- transaction, without taking the stream's row lock: rows below its start (all of them when
+-- it is soft-deleted) that no fork reads. At most p_batch consecutive seq, from p_from (NULL:
+-- the stream's lowest row). next_from: where the next batch starts, NULL when there is
+-- nothing more to delete; then the stream leaves the purge queue (what its forks still hold
+-- is queued again when they are trimmed or deleted). A range of seq keeps a batch bounded
+-- even where compaction left gaps; the caller carries the position from batch to batch, since
+-- looking for the lowest row again would step over the index entries of every row deleted
+-- so far. p_claim: the due time ds_purge_claim set.
 CREATE OR REPLACE FUNCTION ds_purge(
-    p_stream_id bigint, p_from bigint, p_batch int, OUT next_from bigint, OUT deleted int
+    p_stream_id bigint, p_claim timestamptz, p_from bigint, p_batch int,
+    OUT next_from bigint, OUT deleted int
 )
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_bound bigint := ds_purge_bound(p_stream_id);
-    v_from bigint := p_from;
+    s ds_stream;
+    f record;
+    v_end bigint;
+    v_from bigint;
     v_to bigint;
-    v_first bigint;
 BEGIN
     deleted := 0;
-    IF v_from IS NULL THEN
-        SELECT min(m.seq) INTO v_from FROM ds_message AS m WHERE m.stream_id = p_stream_id;
-    END IF;
-    IF v_bound IS NULL OR v_from IS NULL OR v_from >= v_bound THEN
-        SELECT CASE WHEN t.deleted_at IS NULL THEN t.first_seq ELSE t.next_seq END
-          INTO v_first FROM ds_stream AS t WHERE t.id = p_stream_id;
-        IF v_bound IS NULL OR v_bound >= v_first THEN
-            DELETE FROM ds_purge_pending AS q WHERE q.stream_id = p_stream_id;
+    SELECT * INTO s FROM ds_stream AS t WHERE t.id = p_stream_id;
+    IF FOUND THEN
+        v_end := CASE WHEN s.deleted_at IS NULL THEN s.first_seq ELSE s.next_seq END;
+        f := ds_fork_reads(s.id);
+        v_from := coalesce(p_from, (SELECT min(m.seq) FROM ds_message AS m
+                                     WHERE m.stream_id = p_stream_id));
+        IF f.lowest IS NOT NULL AND v_from >= f.lowest AND v_from < f.highest THEN
+            v_from := f.highest;  -- what the forks read stays
         END IF;
+    END IF;
+    IF v_from IS NULL OR v_from >= v_end THEN
+        -- Unless it was queued again meanwhile (a trim moved its due time back to now).
+        DELETE FROM ds_purge_pending AS q
+         WHERE q.stream_id = p_stream_id AND q.due_at = p_claim;
         RETURN;
     END IF;
-    v_to := least(v_bound, v_from + p_batch);
+    v_to := least(v_end, v_from + p_batch);
+    IF f.lowest IS NOT NULL AND v_from < f.lowest THEN
+        v_to := least(v_to, f.lowest);
+    END IF;
     DELETE FROM ds_message AS m
      WHERE m.stream_id = p_stream_id AND m.seq >= v_from AND m.seq < v_to;
     GET DIAGNOSTICS deleted = ROW_COUNT;
@@ -256,6 +257,11 @@ BEGIN
     ELSE
         first_seq := s.first_seq;
         first_pos := s.first_pos;
+    END IF;
+    -- A client's trim is a write: it renews a sliding TTL (PROTOCOL.md 5.1). The sweep's
+    -- trims are not client accesses and do not.
+    IF outcome <> 'offset_invalid' AND s.ttl_seconds IS NOT NULL THEN
+        UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
     END IF;
     next_seq := s.next_seq;
     next_pos := s.next_pos;
@@ -351,7 +357,7 @@ DECLARE
 BEGIN
     FOR s IN
         SELECT * FROM ds_stream AS t
-         WHERE t.id > p_after_id AND t.deleted_at IS NULL
+         WHERE t.id > p_after_id AND t.deleted_at IS NULL AND NOT ds_is_expired(t)
            AND (v_defaults
                 OR t.retention_max_age IS NOT NULL OR t.retention_max_bytes IS NOT NULL)
          ORDER BY t.id LIMIT p_limit
@@ -414,12 +420,14 @@ $$;
 -- Claim the stream that waits longest for its trimmed rows to be purged (NULL: none due): its
 -- queue entry is pushed p_lease seconds ahead, so other processes leave it alone meanwhile and
 -- take it over if this one stops before it is done.
-CREATE OR REPLACE FUNCTION ds_purge_claim(p_lease double precision) RETURNS bigint
-LANGUAGE sql AS $$
-    UPDATE ds_purge_pending SET due_at = now() + make_interval(secs => p_lease)
-     WHERE stream_id = (SELECT q.stream_id FROM ds_purge_pending AS q WHERE q.due_at <= now()
-                         ORDER BY q.due_at, q.stream_id LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING stream_id
+CREATE OR REPLACE FUNCTION ds_purge_claim(p_lease double precision)
+RETURNS TABLE (stream_id bigint, path text, claim timestamptz)
+LANGUAGE sql ROWS 1 AS $$
+    UPDATE ds_purge_pending AS p SET due_at = now() + make_interval(secs => p_lease)
+     WHERE p.stream_id = (SELECT q.stream_id FROM ds_purge_pending AS q WHERE q.due_at <= now()
+                           ORDER BY q.due_at, q.stream_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING p.stream_id, (SELECT s.path FROM ds_stream AS s WHERE s.id = p.stream_id),
+              p.due_at
 $$;
 
 -- Set a stream's retention policy (the admin). NULL: none of its own.
