@@ -211,6 +211,13 @@ DS_RETENTION_PURGE_BATCH_ROWS = env.int("DS_RETENTION__PURGE_BATCH_ROWS", defaul
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+# Compaction of state streams registered with it (state/compaction.py): a sweep this often
+# (0 = never: `manage.py compact_state` does it) compacts those with this many new events.
+DS_STATE_COMPACTION_INTERVAL_SECS = env.float("DS_STATE__COMPACTION_INTERVAL_SECS", default=60.0)
+DS_STATE_COMPACTION_MIN_EVENTS = env.int("DS_STATE__COMPACTION_MIN_EVENTS", default=10_000)
+# Deletes are kept this long by compaction (a reader resuming from before a dropped delete gets
+# 410), unless a registration says otherwise.
+DS_STATE_TOMBSTONE_SECS = env.int("DS_STATE__TOMBSTONE_SECS", default=86_400)
 
 # --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
 

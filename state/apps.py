@@ -15,7 +15,7 @@ class StateConfig(AppConfig):
     sql_requires = ("streams",)
 
     def ready(self) -> None:
-        from state import live
+        from state import compaction, live
         from state.registry import REGISTRY_PATH
         from state.validation import validate_state_append
         from streams import extensions, lifecycle
@@ -24,3 +24,4 @@ class StateConfig(AppConfig):
         extensions.add_append_listener(live.schedule)
         extensions.READ_ONLY_PATHS.add(REGISTRY_PATH)
         lifecycle.on_startup(live.ensure_sweeper, live.stop)
+        lifecycle.on_startup(compaction.ensure_sweeper, compaction.stop)

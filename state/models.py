@@ -36,6 +36,13 @@ class StateStream(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # Who registered it: "key:<key id>", "jwt:<subject>"... (access.grants.Principal.label).
     registered_by = models.TextField(null=True, blank=True)
+    # Compaction (state/compaction.py): keep per (type, key) only its latest change event,
+    # and drop deletes older than `tombstone_seconds` (NULL: DS_STATE__TOMBSTONE_SECS).
+    compaction = models.BooleanField(default=False, db_default=False)
+    tombstone_seconds = models.BigIntegerField("tombstone period (seconds)", null=True, blank=True)
+    compacted_at = models.DateTimeField(null=True, blank=True)
+    # Events removed by compaction so far.
+    compacted_events = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "ds_state_stream"

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from jsonschema.exceptions import SchemaError
 
@@ -51,11 +52,25 @@ def _next_version() -> int:
         return cursor.fetchone()[0]
 
 
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """Compaction of a state stream (state/compaction.py), and how long it keeps deletes
+    (None: DS_STATE__TOMBSTONE_SECS)."""
+
+    enabled: bool
+    tombstone_seconds: int | None = None
+
+
 def register_state_stream(
-    *, path: str, schemas: dict[str, Any], registered_by: str | None = None
+    *,
+    path: str,
+    schemas: dict[str, Any],
+    registered_by: str | None = None,
+    compaction: CompactionPolicy | None = None,
 ) -> Registered:
     """Register a JSON stream as a state stream and materialize what it already holds.
-    The same registration again is a no-op; a different one is a conflict."""
+    The same registration again is a no-op; a different one is a conflict (compaction is
+    compared only when given)."""
     if not isinstance(schemas, dict):
         raise BadRequest("schemas must be an object mapping entity types to JSON Schemas")
     if unstorable(json.dumps(schemas).encode()):
@@ -74,12 +89,33 @@ def register_state_stream(
         if existing is not None:
             if existing.schemas != schemas:
                 raise Conflict(f"stream {path!r} is already registered with other schemas")
+            if compaction is not None and _compaction_of(existing) != _stored(compaction):
+                raise Conflict(f"stream {path!r} is already registered with other compaction")
             return Registered(existing, created=False, rebuilt=None)
+        stored = _stored(compaction or CompactionPolicy(enabled=False))
         registration = StateStream.objects.create(
-            stream=stream, schemas=schemas, version=_next_version(), registered_by=registered_by
+            stream=stream,
+            schemas=schemas,
+            version=_next_version(),
+            registered_by=registered_by,
+            compaction=stored.enabled,
+            tombstone_seconds=stored.tombstone_seconds,
         )
         result = rebuild(registration, validators=validators)
     return Registered(registration, created=True, rebuilt=result)
+
+
+def _stored(policy: CompactionPolicy) -> CompactionPolicy:
+    """The policy as stored: a compacted stream's tombstone period is fixed when it is set
+    (the database's compaction reads it)."""
+    if not policy.enabled:
+        return CompactionPolicy(enabled=False, tombstone_seconds=policy.tombstone_seconds)
+    seconds = policy.tombstone_seconds
+    return CompactionPolicy(True, settings.DS_STATE_TOMBSTONE_SECS if seconds is None else seconds)
+
+
+def _compaction_of(registration: StateStream) -> CompactionPolicy:
+    return CompactionPolicy(registration.compaction, registration.tombstone_seconds)
 
 
 def unregister_state_stream(*, path: str) -> None:

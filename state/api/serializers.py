@@ -15,6 +15,20 @@ class RegistrationRequestSerializer(serializers.Serializer):
         default=dict,
         help_text="A JSON Schema per entity type, for the values of its changes",
     )
+    compaction = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Compact the stream: keep per (type, key) only its latest change event",
+    )
+    tombstone_seconds = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=100 * 365 * 24 * 3600,
+        help_text="With compaction: how long deletes are kept (default DS_STATE__TOMBSTONE_SECS)",
+    )
 
 
 class StateStreamSerializer(serializers.ModelSerializer):
@@ -24,7 +38,8 @@ class StateStreamSerializer(serializers.ModelSerializer):
     class Meta:
         model = StateStream
         fields = ["stream", "schemas", "materialized_offset", "invalid_events", "last_error",
-                  "created_at"]  # fmt: skip
+                  "created_at", "compaction", "tombstone_seconds", "compacted_at",
+                  "compacted_events"]  # fmt: skip
 
 
 class EntitySerializer(serializers.ModelSerializer):

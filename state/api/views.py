@@ -21,6 +21,7 @@ from state.api.serializers import (
 )
 from state.models import EntityState, StateStream
 from state.services import (
+    CompactionPolicy,
     catch_up_state_stream,
     register_state_stream,
     unregister_state_stream,
@@ -32,8 +33,9 @@ class StateStreamList(generics.ListAPIView):
     """State streams, each with the offset its entities are materialized to.
 
     POST registers a JSON stream (201; 200 when the same registration exists; 404 unknown
-    stream; 409 not a JSON stream, or registered with other schemas) and materializes what
-    it already holds."""
+    stream; 409 not a JSON stream, or registered with other schemas or compaction) and
+    materializes what it already holds. ``compaction: true`` has the server compact it
+    (``tombstone_seconds``: how long deletes are kept)."""
 
     serializer_class = StateStreamSerializer
 
@@ -48,8 +50,15 @@ class StateStreamList(generics.ListAPIView):
         path = payload.validated_data["stream"]
         principal = principal_of(request)
         principal.require(stream_resource(path), Operation.MANAGE)
+        data = payload.validated_data
+        compaction = None
+        if data["compaction"] is not None or data["tombstone_seconds"] is not None:
+            compaction = CompactionPolicy(bool(data["compaction"]), data["tombstone_seconds"])
         registered = register_state_stream(
-            path=path, schemas=payload.validated_data["schemas"], registered_by=principal.label
+            path=path,
+            schemas=data["schemas"],
+            registered_by=principal.label,
+            compaction=compaction,
         )
         return Response(
             StateStreamSerializer(registered.registration).data,

@@ -260,3 +260,159 @@ BEGIN
     PERFORM ds_state_catch_up(s.id, NULL, true);
 END;
 $$;
+
+-- A compacted state stream's marks (its time index, retention.sql) are needed for its
+-- tombstone period: deletes are dropped once older than that.
+CREATE OR REPLACE FUNCTION ds_hook_mark_horizon(s ds_stream) RETURNS double precision
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT r.tombstone_seconds FROM ds_state_stream AS r
+             WHERE r.stream_id = s.id AND r.compaction);
+END;
+$$;
+
+-- Compaction of registered state streams (state/compaction.py; docs/gaps.md, Retention).
+--
+-- Within the compacted range [floor, horizon) of a stream's own rows, only what a reader needs
+-- to reach the state at the horizon stays: the last reset, and after it the latest change
+-- event of each (type, key), unless that is a delete older than the tombstone period. Each
+-- change replaces or removes its entity whole (STATE-PROTOCOL.md 6), so a reader from -1, and
+-- a reader resuming from any offset, materializes exactly the state it would have from the
+-- full history; kept events keep their offsets. The horizon is the materialized offset (the
+-- server's own state already reflects everything before it); the floor keeps what forks read
+-- exact. The range is judged on its own, not against later events: a fork made at or after
+-- the horizon inherits an exact prefix.
+
+-- The plan: the events to keep in [floor, horizon), sorted; the highest delete dropped for
+-- its age (readers resuming before it would miss it: offsets up to it become 410). Deletes
+-- count as old when appended before the newest mark at least p_tombstone_seconds old (0: every
+-- delete). Reads only: no lock.
+CREATE OR REPLACE FUNCTION ds_state_compaction_plan(p_stream_id bigint, p_tombstone_seconds bigint)
+RETURNS TABLE (horizon bigint, floor bigint, keep bigint[], dropped_delete bigint)
+LANGUAGE plpgsql ROWS 1 AS $$
+DECLARE
+    s ds_stream;
+    v_reset bigint;
+    v_from bigint;
+    v_tombstones bigint;
+BEGIN
+    SELECT * INTO s FROM ds_stream AS t WHERE t.id = p_stream_id AND t.deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT least(r.materialized_seq, s.next_seq) INTO horizon
+      FROM ds_state_stream AS r WHERE r.stream_id = p_stream_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    floor := greatest(coalesce(s.fork_seq, 0), s.first_seq,
+                      coalesce((ds_fork_reads(s.id)).highest, 0));
+    keep := '{}';
+    IF horizon <= floor THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    v_tombstones := CASE WHEN p_tombstone_seconds = 0 THEN horizon
+                         ELSE coalesce((ds_mark_before(s, p_tombstone_seconds)).seq, -1) END;
+    SELECT max(m.seq) INTO v_reset FROM ds_message AS m
+     WHERE m.stream_id = s.id AND m.seq >= floor AND m.seq < horizon
+       AND position('"reset"'::bytea IN m.data) > 0
+       AND convert_from(m.data, 'UTF8')::jsonb -> 'headers' ->> 'control' = 'reset';
+    v_from := coalesce(v_reset + 1, floor);
+    SELECT coalesce(array_agg(l.seq ORDER BY l.seq)
+                        FILTER (WHERE l.op IS DISTINCT FROM 'delete' OR l.seq >= v_tombstones),
+                    '{}'),
+           max(l.seq) FILTER (WHERE l.op = 'delete' AND l.seq < v_tombstones)
+      INTO keep, dropped_delete
+      FROM (
+        SELECT DISTINCT ON (e ->> 'type', e ->> 'key') ev.seq, e -> 'headers' ->> 'operation' AS op
+          FROM (SELECT m.seq, convert_from(m.data, 'UTF8')::jsonb AS e
+                  FROM ds_message AS m
+                 WHERE m.stream_id = s.id AND m.seq >= v_from AND m.seq < horizon
+                OFFSET 0  -- parse each event once, not once per use of `e`
+               ) AS ev
+         WHERE e -> 'headers' ? 'operation'
+         ORDER BY e ->> 'type', e ->> 'key', ev.seq DESC
+      ) AS l;
+    IF v_reset IS NOT NULL THEN
+        keep := v_reset || keep;
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- Before any row goes: under the stream's row lock (briefly), publish that rows below the
+-- horizon may have gaps (reads continue at the next kept event; forks there are refused) and
+-- from where readers may resume. False, and nothing changes, when a fork made since the plan
+-- reads rows above its floor: the stream is compacted another time.
+CREATE OR REPLACE FUNCTION ds_state_compaction_begin(
+    p_stream_id bigint, p_horizon bigint, p_floor bigint, p_dropped_delete bigint
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+BEGIN
+    SELECT * INTO s FROM ds_stream WHERE id = p_stream_id AND deleted_at IS NULL FOR UPDATE;
+    IF NOT FOUND OR coalesce((ds_fork_reads(s.id)).highest, 0) > p_floor THEN
+        RETURN false;
+    END IF;
+    UPDATE ds_stream
+       SET compacted_seq = greatest(compacted_seq, p_horizon),
+           resume_seq = greatest(resume_seq, coalesce(p_dropped_delete + 1, 0))
+     WHERE id = s.id;
+    RETURN true;
+END;
+$$;
+
+-- Delete compacted events: the rows of the stream in each range [p_lo[i], p_hi[i]) (the gaps
+-- between kept events of one batch), in the caller's short transaction, without the stream's
+-- lock. Returns the rows and bytes deleted.
+CREATE OR REPLACE FUNCTION ds_state_compact_delete(
+    p_stream_id bigint, p_lo bigint[], p_hi bigint[], OUT deleted bigint, OUT bytes bigint
+)
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM ds_message AS m
+         USING unnest(p_lo, p_hi) AS r(lo, hi)
+         WHERE m.stream_id = p_stream_id AND m.seq >= r.lo AND m.seq < r.hi
+        RETURNING octet_length(m.data) AS size
+    )
+    SELECT count(*), coalesce(sum(size), 0)::bigint FROM gone
+$$;
+
+-- After the deletes: account for them.
+CREATE OR REPLACE FUNCTION ds_state_compaction_end(
+    p_stream_id bigint, p_events bigint, p_bytes bigint
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ds_stream SET compacted_bytes = compacted_bytes + p_bytes WHERE id = p_stream_id;
+    UPDATE ds_state_stream
+       SET compacted_at = now(), compacted_events = compacted_events + p_events
+     WHERE stream_id = p_stream_id;
+END;
+$$;
+
+-- The compaction sweep: mark every compacted state stream in its time index (for its
+-- tombstone period), and list those with at least p_min_events materialized since their last
+-- compaction.
+CREATE OR REPLACE FUNCTION ds_state_compaction_due(
+    p_min_events bigint, p_mark_interval double precision
+) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    r ds_state_stream;
+BEGIN
+    FOR r IN SELECT * FROM ds_state_stream AS t WHERE t.compaction ORDER BY t.stream_id LOOP
+        SELECT * INTO s FROM ds_stream WHERE id = r.stream_id AND deleted_at IS NULL;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM ds_mark_stream(
+            s, greatest(p_mark_interval, coalesce(r.tombstone_seconds, 0) / 100.0),
+            greatest(coalesce(r.tombstone_seconds, 0), coalesce(s.retention_max_age, 0)));
+        IF r.materialized_seq - greatest(s.compacted_seq, s.first_seq) >= p_min_events THEN
+            RETURN NEXT s.id;
+        END IF;
+    END LOOP;
+END;
+$$;
