@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from state.core import MaterializedState
-from tests.conftest import JS_DIR, ServerProcess, run_node
+from tests.conftest import JS_DIR, ServerProcess, manage, run_node
 from tests.state.support import (
     STATE,
     append_ok,
@@ -166,3 +166,48 @@ def test_reference_client_materializes_what_the_server_does(
     assert reference == triples(ours)
     spec = [{"type": t, "key": k, "value": v} for (t, k), v in model(messages).items()]
     assert reference == triples(spec)
+
+
+def test_reference_client_materializes_a_compacted_stream_as_before(
+    small_chunk_server: ServerProcess, database_url: str
+) -> None:
+    """Issue 14 (compaction): the reference MaterializedState, applied to the stream read from
+    -1 by the reference client, gives exactly the same entities after the server compacted the
+    stream as before, on a history with inserts, updates, deletes and a reset; the server's
+    own state (/v1/state/entities, values and offsets) does not change either. Compaction kept
+    far fewer events, and the client read them in several catch-up requests."""
+    rng = random.Random(20261123)
+    path = f"tests/reference-client-compaction-{time.time_ns()}"
+    with httpx.Client(base_url=small_chunk_server.base_url, timeout=30) as client:
+        create_json_stream(client, path, random_events(rng, 200))
+        registration = {"stream": path, "schemas": SCHEMAS, "compaction": True}
+        response = client.post(f"{STATE}/streams", json=registration)
+        assert response.status_code == 201, response.text
+        for batch in [
+            random_events(rng, 300),
+            [*random_events(rng, 40), control("reset", offset="0_0"), *random_events(rng, 60)],
+            random_events(rng, 400),
+        ]:
+            append_ok(client, path, batch)
+        written, end = read_messages(client, path)
+        deletes = sum(1 for e in written if e["headers"].get("operation") == "delete")
+        assert deletes > 50 and sum(1 for e in written if "control" in e["headers"]) > 1
+        served_before = walk_pages(client, f"{STATE}/entities", {"stream": path, "page_size": 50})
+
+        before = run_script(small_chunk_server.stream_url(path))
+        compacted = manage(database_url, "compact_state", "--stream", path)
+        assert compacted.returncode == 0, compacted.stderr
+        after = run_script(small_chunk_server.stream_url(path))
+
+        served_after = walk_pages(client, f"{STATE}/entities", {"stream": path, "page_size": 50})
+        kept, end_after = read_messages(client, path)
+
+    assert before["events"] == len(written) and before["controls"]["reset"] == 1
+    assert after["events"] == len(kept) < len(written) // 3
+    assert after["controls"] == {"reset": 1}
+    assert len(after["requests"]) > 3 and after["requests"][-1]["upToDate"] is True
+    assert before["offset"] == after["offset"] == end == end_after
+    reference = triples(after["entities"])
+    assert len(reference) > 50
+    assert reference == triples(before["entities"]) == triples(served_after)
+    assert served_after == served_before
