@@ -1,18 +1,24 @@
 """Django admin for state streams and their materialized entities (read-only: state is written
-by the server only)."""
+by the server only), except a registration's compaction settings, which staff change, and
+"Compact now" (state/compaction.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from state.compaction import compact
 from state.models import EntityState, StateStream
+from state.services import CompactionPolicy, stored_policy
 from streams.admin import ReadOnlyAdmin
+from streams.protocol.headers import MAX_TTL_SECONDS
 
 
 def _pretty(value: Any) -> str:
@@ -22,12 +28,39 @@ def _pretty(value: Any) -> str:
     )
 
 
+class CompactionForm(forms.ModelForm):
+    """What staff change on a registration: whether the server compacts it, and how long
+    compaction keeps deletes."""
+
+    tombstone_seconds = forms.IntegerField(
+        label="tombstone period (seconds)",
+        required=False,
+        min_value=0,
+        max_value=MAX_TTL_SECONDS,
+        help_text="How long compaction keeps deletes. Empty: DS_STATE__TOMBSTONE_SECS.",
+    )
+
+    class Meta:
+        model = StateStream
+        fields = ["compaction", "tombstone_seconds"]
+
+
 @admin.register(StateStream)
 class StateStreamAdmin(ReadOnlyAdmin):
-    list_display = ["stream", "schema_types", "materialized_offset", "invalid_events", "created_at"]
+    list_display = [
+        "stream",
+        "schema_types",
+        "materialized_offset",
+        "invalid_events",
+        "compaction",
+        "compacted_at",
+        "created_at",
+    ]
+    list_filter = ["compaction"]
     search_fields = ["stream__path"]
     ordering = ["stream__path"]
     list_select_related = ["stream"]
+    form = CompactionForm
     fields = [
         "stream",
         "schemas_pretty",
@@ -36,8 +69,48 @@ class StateStreamAdmin(ReadOnlyAdmin):
         "last_error",
         "created_at",
         "entities_link",
+        "compaction",
+        "tombstone_seconds",
+        "compacted_at",
+        "compacted_events",
     ]
-    readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
+    readonly_fields = [
+        "stream",
+        "schemas_pretty",
+        "materialized_offset",
+        "invalid_events",
+        "last_error",
+        "created_at",
+        "entities_link",
+        "compacted_at",
+        "compacted_events",
+    ]
+    actions = ["compact_now"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The compaction settings only (CompactionForm).
+        return admin.ModelAdmin.has_change_permission(self, request, obj)
+
+    def save_model(self, request: HttpRequest, obj: StateStream, form: Any, change: bool) -> None:
+        # Those two columns alone: the materializer moves the others meanwhile.
+        policy = stored_policy(CompactionPolicy(obj.compaction, obj.tombstone_seconds))
+        StateStream.objects.filter(pk=obj.pk).update(
+            compaction=policy.enabled, tombstone_seconds=policy.tombstone_seconds
+        )
+
+    @admin.action(description="Compact now (keep the latest event of each key)")
+    def compact_now(self, request: HttpRequest, queryset: QuerySet[StateStream]) -> None:
+        results = []
+        for registration in queryset.select_related("stream"):
+            result = asyncio.run(compact(registration.pk))
+            if result is None:
+                results.append(f"{registration.stream.path}: skipped")
+            else:
+                results.append(
+                    f"{registration.stream.path}: {result.kept} events kept,"
+                    f" {result.deleted} deleted"
+                )
+        self.message_user(request, "Compacted: " + "; ".join(results), messages.SUCCESS)
 
     @admin.display(description="schemas for")
     def schema_types(self, obj: StateStream) -> str:

@@ -89,10 +89,10 @@ def register_state_stream(
         if existing is not None:
             if existing.schemas != schemas:
                 raise Conflict(f"stream {path!r} is already registered with other schemas")
-            if compaction is not None and _compaction_of(existing) != _stored(compaction):
+            if compaction is not None and _compaction_of(existing) != stored_policy(compaction):
                 raise Conflict(f"stream {path!r} is already registered with other compaction")
             return Registered(existing, created=False, rebuilt=None)
-        stored = _stored(compaction or CompactionPolicy(enabled=False))
+        stored = stored_policy(compaction or CompactionPolicy(enabled=False))
         registration = StateStream.objects.create(
             stream=stream,
             schemas=schemas,
@@ -105,7 +105,7 @@ def register_state_stream(
     return Registered(registration, created=True, rebuilt=result)
 
 
-def _stored(policy: CompactionPolicy) -> CompactionPolicy:
+def stored_policy(policy: CompactionPolicy) -> CompactionPolicy:
     """The policy as stored: a compacted stream's tombstone period is fixed when it is set
     (the database's compaction reads it)."""
     if not policy.enabled:

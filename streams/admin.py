@@ -2,13 +2,16 @@
 
 Protocol data is written only by the SQL write path, so the admin is read-only, except for
 deleting streams, which goes through the same SQL function a client's DELETE does (so forks,
-soft deletes and live readers behave exactly as over HTTP).
+soft deletes and live readers behave exactly as over HTTP), and for a stream's retention
+policy, which staff change on its page (written alone, by ``ds_set_retention``: a save of the
+whole row would overwrite the tail that appends move meanwhile).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import connection
@@ -21,7 +24,7 @@ from django.utils.html import format_html, format_html_join
 
 from streams.models import Message, Producer, Stream, StreamQuerySet
 from streams.preview import preview
-from streams.protocol.headers import media_type
+from streams.protocol.headers import MAX_SAFE_INTEGER, MAX_TTL_SECONDS, media_type
 from streams.protocol.offsets import Offset
 
 MESSAGES_PER_PAGE = 50
@@ -87,6 +90,31 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class RetentionForm(forms.ModelForm):
+    """The only thing staff change on a stream: its retention policy (docs/gaps.md)."""
+
+    retention_max_age = forms.IntegerField(
+        label="retention: max age (seconds)",
+        required=False,
+        min_value=1,
+        max_value=MAX_TTL_SECONDS,
+        help_text="Messages older than this are trimmed by the retention sweep. Empty: the"
+        " server-wide default, if any.",
+    )
+    retention_max_bytes = forms.IntegerField(
+        label="retention: max bytes",
+        required=False,
+        min_value=1,
+        max_value=MAX_SAFE_INTEGER,
+        help_text="The oldest messages are trimmed until at most this many bytes remain."
+        " Empty: the server-wide default, if any.",
+    )
+
+    class Meta:
+        model = Stream
+        fields = ["retention_max_age", "retention_max_bytes"]
+
+
 @admin.register(Stream)
 class StreamAdmin(ReadOnlyAdmin):
     list_display = [
@@ -105,9 +133,21 @@ class StreamAdmin(ReadOnlyAdmin):
     list_per_page = 100
     show_full_result_count = False
     actions = ["delete_streams"]
+    form = RetentionForm
     fieldsets = [
         (None, {"fields": ["path", "content_type", "tail_offset", "closed", "created_at"]}),
         ("Expiry", {"fields": ["ttl_seconds", "expires_at", "accessed_at", "deleted_at"]}),
+        (
+            "Retention",
+            {
+                "fields": [
+                    "retention_max_age",
+                    "retention_max_bytes",
+                    "start_offset",
+                    "compacted_below",
+                ]
+            },
+        ),
         ("Fork", {"fields": ["fork_source", "fork_offset", "fork_sub_offset", "fork_refcount"]}),
         ("Writers", {"fields": ["closed_by", "last_stream_seq", "producer_ledger"]}),
         ("Data", {"fields": ["messages_link"]}),
@@ -130,7 +170,28 @@ class StreamAdmin(ReadOnlyAdmin):
         "last_stream_seq",
         "producer_ledger",
         "messages_link",
+        "start_offset",
+        "compacted_below",
     ]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The retention policy only (RetentionForm); everything else stays read-only.
+        return admin.ModelAdmin.has_change_permission(self, request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Stream, form: Any, change: bool) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT ds_set_retention(%s, %s, %s)",
+                [obj.pk, obj.retention_max_age, obj.retention_max_bytes],
+            )
+
+    @admin.display(description="starts at (earliest retained offset)")
+    def start_offset(self, obj: Stream) -> str:
+        return str(obj.first_offset)
+
+    @admin.display(description="compacted below seq")
+    def compacted_below(self, obj: Stream) -> int:
+        return obj.compacted_seq
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
@@ -223,10 +284,15 @@ class StreamAdmin(ReadOnlyAdmin):
         stream = get_object_or_404(Stream, pk=stream_id)
         if not self.has_view_permission(request, stream):
             return HttpResponse(status=403)
-        rows = Message.objects.filter(stream_id=stream.pk).order_by("seq")
-        page = _KnownCountPaginator(rows, MESSAGES_PER_PAGE, stream.own_message_count).get_page(
-            request.GET.get("page")
-        )
+        # Retained messages only: trimmed rows may linger until they are purged.
+        rows = Message.objects.filter(
+            stream_id=stream.pk, seq__gte=stream.first_seq, seq__lt=stream.next_seq
+        ).order_by("seq")
+        # Compacted history has gaps: then the count is counted.
+        count = rows.count() if stream.compacted_seq > stream.first_seq else None
+        page = _KnownCountPaginator(
+            rows, MESSAGES_PER_PAGE, stream.own_message_count if count is None else count
+        ).get_page(request.GET.get("page"))
         stream_media_type = media_type(stream.content_type)
         entries = [
             {

@@ -203,3 +203,68 @@ def test_admin_shows_and_compacts_yjs_documents(
     location = client.get(url, params={"offset": "snapshot"}).headers["Location"]
     assert location.endswith("_snapshot")
     assert location.split("offset=")[1] in compacted.text  # the new snapshot offset is listed
+
+
+def change_form(admin_client: httpx.Client, url: str, **fields: str) -> httpx.Response:
+    """Submit an admin change form at ``url`` with ``fields`` (and its CSRF token)."""
+    page = admin_client.get(url)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token is not None
+    return admin_client.post(
+        url,
+        data={"csrfmiddlewaretoken": token.group(1), "_save": "Save", **fields},
+        headers={"Referer": str(admin_client.base_url)},
+    )
+
+
+def test_staff_change_a_streams_retention_policy(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    """Issue 14: staff change a stream's retention policy in the admin (shown by HEAD); the
+    rest of the stream stays as appends left it; a policy that is not a positive number is
+    refused and changes nothing."""
+    path = f"admin/{time.time_ns()}/retained"
+    client.put(f"/v1/stream/{path}", headers={"Content-Type": "text/plain"}, content="x")
+    listing = admin_client.get("/admin/streams/stream/", params={"q": path})
+    stream_id = re.search(r'href="/admin/streams/stream/(\d+)/change/', listing.text)
+    assert stream_id is not None
+    url = f"/admin/streams/stream/{stream_id.group(1)}/change/"
+    page = admin_client.get(url)
+    assert "Retention" in page.text and "Starts at" in page.text
+    client.post(f"/v1/stream/{path}", headers={"Content-Type": "text/plain"}, content="yz")
+
+    saved = change_form(admin_client, url, retention_max_age="3600", retention_max_bytes="")
+    assert saved.status_code == 200 and "was changed successfully" in saved.text
+    head = client.head(f"/v1/stream/{path}").headers
+    assert head["Stream-Retention-Max-Age"] == "3600"
+    assert "Stream-Retention-Max-Bytes" not in head
+    assert client.get(f"/v1/stream/{path}", params={"offset": "-1"}).text == "xyz"
+
+    refused = change_form(admin_client, url, retention_max_age="0", retention_max_bytes="")
+    assert "errornote" in refused.text
+    assert client.head(f"/v1/stream/{path}").headers["Stream-Retention-Max-Age"] == "3600"
+
+
+def test_staff_compact_state_streams(admin_client: httpx.Client, client: httpx.Client) -> None:
+    """Issue 14: staff turn compaction on for a state stream and compact it now; its state
+    stays, the stream keeps the latest event of each key."""
+    path = f"admin/{time.time_ns()}/compacted"
+    client.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"})
+    assert client.post("/v1/state/streams", json={"stream": path}).status_code == 201
+    events = [change("user", "u-1", {"v": i}, "update") for i in range(20)]
+    client.post(f"/v1/stream/{path}", headers={"Content-Type": "application/json"}, json=events)
+
+    listing = admin_client.get("/admin/state/statestream/", params={"q": path})
+    stream_id = re.search(r'href="/admin/state/statestream/(\d+)/change/', listing.text)
+    assert stream_id is not None
+    url = f"/admin/state/statestream/{stream_id.group(1)}/change/"
+    saved = change_form(admin_client, url, compaction="on", tombstone_seconds="60")
+    assert "was changed successfully" in saved.text
+    registration = client.get(f"/v1/state/streams/{path}").json()
+    assert (registration["compaction"], registration["tombstone_seconds"]) == (True, 60)
+
+    compacted = run_action(admin_client, listing, "compact_now", stream_id.group(1))
+    assert f"{path}: 1 events kept, 19 deleted" in compacted.text
+    assert client.get(f"/v1/stream/{path}", params={"offset": "-1"}).json() == [events[-1]]
+    entities = client.get("/v1/state/entities", params={"stream": path}).json()["results"]
+    assert [e["value"] for e in entities] == [{"v": 19}]
