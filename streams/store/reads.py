@@ -7,6 +7,7 @@ commit in between.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -232,12 +233,7 @@ async def _read_range(
         # What the messages ahead weigh on average decides how they are fetched.
         large = (tail.pos - start.pos) >= LARGE_MESSAGE_BYTES * (tail.seq - start.seq)
         async with connection() as conn:
-            # Oldest segment first: the chain is stored leaf-first.
-            for segment in reversed(meta.segments):
-                hi = tail.seq if segment.hi is None else min(segment.hi, tail.seq)
-                lo = max(segment.lo, chunk.end.seq)
-                if lo >= hi:
-                    continue
+            for segment, lo, hi in _spans(meta, chunk):
                 rows = max_messages - chunk.count
                 cur = await conn.execute(
                     _ROWS_SQL if large else _AGGREGATE_SQL,
@@ -271,11 +267,7 @@ async def _read_with_gaps(
     first = True
     exhausted = False
     async with connection() as conn:
-        for segment in reversed(meta.segments):
-            hi = tail.seq if segment.hi is None else min(segment.hi, tail.seq)
-            lo = max(segment.lo, chunk.end.seq)
-            if lo >= hi:
-                continue
+        for segment, lo, hi in _spans(meta, chunk):
             rows = max_messages - chunk.count
             cur = await conn.execute(
                 _GAPS_SQL,
@@ -304,6 +296,18 @@ async def _read_with_gaps(
             raise BadRequest("offset does not belong to this stream")
         chunk.end = tail
     return _result(meta, start, chunk)
+
+
+def _spans(meta: StreamMeta, chunk: _Chunk) -> Iterator[tuple[Segment, int, int]]:
+    """The segments a read goes through, oldest first (the chain is stored leaf-first), each
+    with the range of seq still to read in it, from where the read has come (``chunk``, which
+    grows as the caller reads) to the tail in ``meta``."""
+    tail = meta.tail.seq
+    for segment in reversed(meta.segments):
+        hi = tail if segment.hi is None else min(segment.hi, tail)
+        lo = max(segment.lo, chunk.end.seq)
+        if lo < hi:
+            yield segment, lo, hi
 
 
 def _check_gap(
