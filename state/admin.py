@@ -45,6 +45,21 @@ class CompactionForm(forms.ModelForm):
         fields = ["compaction", "tombstone_seconds"]
 
 
+REGISTRATION_FIELDS = [
+    "stream",
+    "schemas_pretty",
+    "materialized_offset",
+    "invalid_events",
+    "last_error",
+    "created_at",
+    "entities_link",
+    "compaction",
+    "tombstone_seconds",
+    "compacted_at",
+    "compacted_events",
+]
+
+
 @admin.register(StateStream)
 class StateStreamAdmin(ReadOnlyAdmin):
     list_display = [
@@ -61,29 +76,9 @@ class StateStreamAdmin(ReadOnlyAdmin):
     ordering = ["stream__path"]
     list_select_related = ["stream"]
     form = CompactionForm
-    fields = [
-        "stream",
-        "schemas_pretty",
-        "materialized_offset",
-        "invalid_events",
-        "last_error",
-        "created_at",
-        "entities_link",
-        "compaction",
-        "tombstone_seconds",
-        "compacted_at",
-        "compacted_events",
-    ]
+    fields = REGISTRATION_FIELDS  # type: ignore[assignment]  # a list of names, as fields
     readonly_fields = [
-        "stream",
-        "schemas_pretty",
-        "materialized_offset",
-        "invalid_events",
-        "last_error",
-        "created_at",
-        "entities_link",
-        "compacted_at",
-        "compacted_events",
+        f for f in REGISTRATION_FIELDS if f not in ("compaction", "tombstone_seconds")
     ]
     actions = ["compact_now"]
 
