@@ -24,6 +24,7 @@ from streams.errors import (
     Forbidden,
     Gone,
     NotFound,
+    OffsetGone,
     PayloadTooLarge,
     ProtocolError,
     StreamClosed,
@@ -31,9 +32,15 @@ from streams.errors import (
 )
 from streams.protocol.headers import ProducerTuple
 from streams.protocol.offsets import Offset
-from streams.store import group_commit, pool, reads, writes
+from streams.store import group_commit, pool, reads, retention, writes
 from streams.store.outcomes import SQL_TYPES, DeleteOutcome
-from streams.store.types import AppendRequest, AppendResult, CreateRequest, ForkSpec
+from streams.store.types import (
+    AppendRequest,
+    AppendResult,
+    CreateRequest,
+    ForkSpec,
+    TrimResult,
+)
 
 MAX = 1 << 30
 TEXT = "text/plain"
@@ -159,6 +166,43 @@ def test_delete_outcomes(path: str) -> None:
         assert await writes.delete_stream(path) is DeleteOutcome.SOFT_DELETED
         with pytest.raises(Gone):
             await writes.delete_stream(path)
+
+    run(scenario)
+
+
+# -- trims and reads of trimmed streams (issue 14) ---------------------------------------------
+
+
+def test_trim_outcomes(path: str) -> None:
+    """One per outcome of ds_trim; reads before the start are OffsetGone with the start."""
+
+    async def scenario() -> None:
+        await create(path, messages=[b"ab"])
+        await batch(path, append(path, b"cd"), append(path, b"ef"))
+        trimmed = await retention.trim(path, Offset(2, 4))  # trimmed
+        assert trimmed == TrimResult(True, Offset(2, 4), Offset(3, 6))
+        again = await retention.trim(path, Offset(1, 2))  # unchanged
+        assert again == TrimResult(False, Offset(2, 4), Offset(3, 6))
+        with pytest.raises(BadRequest):  # offset_invalid: inside a message
+            await retention.trim(path, Offset(2, 5))
+        with pytest.raises(BadRequest):  # offset_invalid: past the tail
+            await retention.trim(path, Offset(4, 8))
+        with pytest.raises(NotFound):  # not_found
+            await retention.trim(f"{path}-missing", None)
+        meta = await reads.stream_meta(path, touch=False)
+        assert meta.start == Offset(2, 4)
+        for gone in (Offset(0, 0), Offset(1, 2)):
+            with pytest.raises(OffsetGone) as error:
+                await reads.read_range(meta, gone, MAX, 100)
+            assert error.value.status == 410
+            assert error.value.headers == {"Stream-Start-Offset": str(Offset(2, 4))}
+        assert (await reads.read_from(path, None, MAX, 100))[1].payload == b"ef"
+        with pytest.raises(OffsetGone):  # fork_offset_gone
+            await create(f"{path}-fork", content_type=None, fork=ForkSpec(path, Offset(1, 2)))
+        await create(f"{path}-fork", content_type=None, fork=ForkSpec(path, None))
+        assert await writes.delete_stream(path) is DeleteOutcome.SOFT_DELETED
+        with pytest.raises(Gone):  # gone
+            await retention.trim(path, None)
 
     run(scenario)
 
