@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
 os.environ["DS_AUTH__MODE"] = "keys"
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
