@@ -19,7 +19,7 @@ request_id: ContextVar[str] = ContextVar("request_id", default="-")
 # documentation's "Optimization"): the calling function (a walk up the stack), the thread, the
 # process id (a system call) and the multiprocessing name. One line per request: measured
 # in-process, 10-12 us a line with them, 8-10 us without.
-logging._srcfile = None  # type: ignore[attr-defined]
+logging._srcfile = None
 logging.logThreads = False
 logging.logProcesses = False
 logging.logMultiprocessing = False
