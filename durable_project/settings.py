@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "state",
     "yjs",
     "spark",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -153,7 +154,16 @@ LOGGING = {
             "level": env("DS_LOG_LEVEL", default="INFO"),
             "propagate": False,
         }
-        for name in ("streams", "state", "yjs", "spark", "access", "durable_project", "ds")
+        for name in (
+            "streams",
+            "state",
+            "yjs",
+            "spark",
+            "access",
+            "console",
+            "durable_project",
+            "ds",
+        )
     }
     # Errors of Django-served URLs (500s of the admin and the REST API), with their traceback.
     | {"django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False}},

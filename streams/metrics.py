@@ -206,6 +206,25 @@ def exposition() -> tuple[bytes, str]:
     return generate_latest(_Merged(_snapshots())), CONTENT_TYPE_LATEST
 
 
+Labels = tuple[tuple[str, str], ...]
+
+
+def totals(names: frozenset[str]) -> dict[tuple[str, Labels], float]:
+    """The samples named ``names``, summed over every worker as a scrape sums them (gauges of
+    live workers only), by sample name and sorted labels: for pages that show a few figures
+    (the console's overview) without rendering the whole exposition."""
+    summed: dict[tuple[str, Labels], float] = {}
+    for alive, families in _snapshots():
+        for _name, kind, _documentation, samples in families:
+            if kind == "gauge" and not alive:
+                continue
+            for sample_name, labels, value in samples:
+                if sample_name in names:
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    summed[key] = summed.get(key, 0.0) + value
+    return summed
+
+
 def _snapshots() -> list[tuple[bool, list[Any]]]:
     """(is the worker alive, its families) for every snapshot of this server."""
     directory = _directory()
