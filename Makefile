@@ -31,8 +31,10 @@ $(PY_STAMP): requirements.txt requirements-dev.txt
 .env:
 	@echo "DJANGO_DEBUG=true" > $@
 
-## Node packages the tests drive (conformance suite, official clients).
+## Node packages the tests drive (conformance suite, official clients) and what else the tests
+## need of the system (Node.js, Chromium for tests/browser).
 test-setup: setup $(JS_STAMP)
+	@scripts/setup-system.sh --test
 
 $(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
 	@scripts/setup-system.sh --test

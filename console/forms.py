@@ -78,6 +78,11 @@ class AppendMessage(forms.Form):
         strip=False, max_length=MAX_APPEND_BYTES, widget=forms.Textarea(attrs={"rows": 4})
     )
 
+    def clean_body(self) -> str:
+        # Browsers submit a textarea's line breaks as CRLF (HTML's form encoding); what the
+        # person typed were line feeds.
+        return str(self.cleaned_data["body"]).replace("\r\n", "\n")
+
 
 class EntityFilters(forms.Form):
     type = forms.CharField(required=False, max_length=MAX_TEXT)
