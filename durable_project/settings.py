@@ -51,6 +51,8 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI's assets, served from the project (no CDN): /v1/docs works offline.
+    "drf_spectacular_sidecar",
     "rest_framework_api_key",
     "streams",
     "access",
@@ -279,4 +281,8 @@ SPECTACULAR_SETTINGS = {
     # The API's documentation is public, whatever the access mode.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    # Swagger UI and its favicon from drf-spectacular-sidecar's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
