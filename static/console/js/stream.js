@@ -42,11 +42,18 @@ const live = new LiveStream({
     const messages = messagesOfChunk(chunk);
     received += messages.length;
     for (const message of messages) queue.push(message);
-    if (tailOffset) tailOffset.textContent = chunk.next;
+    showTail(chunk.next);
     if (chunk.closed) setNotice("The stream is closed: nothing more will be appended.");
     scheduleFlush();
   },
 });
+
+function showTail(offset) {
+  const { seq, pos } = parseOffset(offset);
+  tailOffset.textContent = offset;
+  document.getElementById("tail-messages").textContent = String(seq);
+  document.getElementById("tail-bytes").textContent = String(pos);
+}
 
 // -- decoding --------------------------------------------------------------------------------
 
