@@ -4,7 +4,9 @@ Staff only, signed in through the admin (Django's sessions and users): anyone el
 the admin's login page. Viewing needs the permission to view streams (``streams.view_stream``),
 appending a message ``console.append_messages``; superusers have both.
 
-Every answer forbids caching and framing, and pages carry a Content-Security-Policy that
+A refusal of the protocol's kind (``streams.errors``: bad input, not found, conflicts) becomes
+a page or, for what pages fetch, JSON with its status (``refusal``). Every answer forbids
+caching and framing, and pages carry a Content-Security-Policy that
 allows scripts, styles and connections of this origin only: message contents and stream paths
 are escaped wherever they are shown, and if an escape were ever missed, an injected script or
 event handler still would not run.
@@ -20,8 +22,11 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+
+from streams.errors import ProtocolError
 
 VIEW = "streams.view_stream"
 APPEND = "console.append_messages"
@@ -47,6 +52,15 @@ def _signed_out(request: HttpRequest, page: bool) -> HttpResponse:
         return redirect_to_login(request.get_full_path(), reverse("admin:login"))
     body = {"error": "sign in to the console again", "code": "UNAUTHORIZED"}
     return JsonResponse(body, status=401)
+
+
+def refusal(request: HttpRequest, error: ProtocolError, *, page: bool) -> HttpResponse:
+    """The one place where a console request's refusal becomes an answer: a page for people,
+    JSON (status, code, message) for the pages' scripts."""
+    if page:
+        context = {"error": error, "section": None}
+        return TemplateResponse(request, "console/error.html", context, status=error.status)
+    return JsonResponse({"error": error.message, "code": error.code}, status=error.status)
 
 
 def _staff(user: Any) -> bool:
@@ -80,7 +94,11 @@ def console_view(permission: str = VIEW, *, page: bool = True) -> Callable[[Any]
                     return _secured(_signed_out(request, page))
                 if not await user.ahas_perm(permission):
                     raise _denied(permission)
-                return _secured(await view(request, *args, **kwargs))
+                try:
+                    response = await view(request, *args, **kwargs)
+                except ProtocolError as error:
+                    response = refusal(request, error, page=page)
+                return _secured(response)
 
             return async_wrapped
 
@@ -90,7 +108,11 @@ def console_view(permission: str = VIEW, *, page: bool = True) -> Callable[[Any]
                 return _secured(_signed_out(request, page))
             if not request.user.has_perm(permission):
                 raise _denied(permission)
-            return _secured(view(request, *args, **kwargs))
+            try:
+                response = view(request, *args, **kwargs)
+            except ProtocolError as error:
+                response = refusal(request, error, page=page)
+            return _secured(response)
 
         return wrapped
 

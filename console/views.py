@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console import keys, rates, selectors
-from console.access import APPEND, console_view
+from console.access import APPEND, console_view, refusal
 from console.forms import AppendMessage, EntityFilters, OlderMessages, StreamFilters, errors_text
 from console.services import append_message
 from state.registry import REGISTRY_PATH
@@ -32,11 +32,6 @@ from yjs.paths import snapshot_key
 
 DEFAULT_OLDER = 50
 STREAM_LIST_REFRESH_MS = 10_000
-
-
-def _error(error: ProtocolError) -> JsonResponse:
-    """A refusal as JSON for the page's scripts: its status, code and message."""
-    return JsonResponse({"error": error.message, "code": error.code}, status=error.status)
 
 
 def _bad_form(form: Any) -> BadRequest:
@@ -92,7 +87,7 @@ def stream_list(request: HttpRequest) -> HttpResponse:
     fragment = request.GET.get("fragment") == "rows"
     if not form.is_valid():
         if fragment:
-            return _error(_bad_form(form))
+            return refusal(request, _bad_form(form), page=False)
         invalid = {"form": form, "page": None, "section": "streams"}
         return TemplateResponse(request, "console/streams.html", invalid, status=400)
     page = selectors.stream_page(form.cleaned_data)
@@ -161,17 +156,14 @@ def stream_detail(request: HttpRequest, path: str) -> HttpResponse:
 @console_view(page=False)
 def older_messages(request: HttpRequest, path: str) -> JsonResponse:
     """Stored messages before an offset, for "load older" and "go to offset"."""
-    try:
-        _check_path(path)
-        view = selectors.stream_view(path)
-        form = OlderMessages(request.GET)
-        if not form.is_valid():
-            raise _bad_form(form)
-        before: Offset = form.cleaned_data["before"] or view.tail
-        limit = form.cleaned_data["limit"] or DEFAULT_OLDER
-        found = selectors.messages_before(view.stream, before, limit)
-    except ProtocolError as error:
-        return _error(error)
+    _check_path(path)
+    view = selectors.stream_view(path)
+    form = OlderMessages(request.GET)
+    if not form.is_valid():
+        raise _bad_form(form)
+    before: Offset = form.cleaned_data["before"] or view.tail
+    limit = form.cleaned_data["limit"] or DEFAULT_OLDER
+    found = selectors.messages_before(view.stream, before, limit)
     return JsonResponse(
         {
             "before": str(before),
@@ -216,7 +208,7 @@ async def append(request: HttpRequest, path: str) -> HttpResponse:
         )
     except ProtocolError as error:
         if wants_json:
-            return _error(error)
+            return refusal(request, error, page=False)
         messages.error(request, f"Not appended: {error.message}")
         return redirect("console:stream", path)
     if wants_json:
@@ -254,16 +246,13 @@ def state_detail(request: HttpRequest, path: str) -> HttpResponse:
 @console_view(page=False)
 def entities(request: HttpRequest, path: str) -> HttpResponse:
     """The entities fragment of a state stream's page, caught up to every acknowledged append."""
-    try:
-        _check_path(path)
-        view = selectors.stream_view(path)
-        if view.registration is None:
-            raise BadRequest(f"{path!r} is not a state stream")
-        form = EntityFilters(request.GET)
-        if not form.is_valid():
-            raise _bad_form(form)
-    except ProtocolError as error:
-        return _error(error)
+    _check_path(path)
+    view = selectors.stream_view(path)
+    if view.registration is None:
+        raise BadRequest(f"{path!r} is not a state stream")
+    form = EntityFilters(request.GET)
+    if not form.is_valid():
+        raise _bad_form(form)
     return TemplateResponse(request, "console/_entities.html", _entities_context(view, form))
 
 

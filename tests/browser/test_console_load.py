@@ -23,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.support import screenshot
+from tests.browser.support import screenshot, wait_until
 from tests.browser.test_console import messages, open_stream
 from tests.conftest import ServerProcess
 from tests.yjs.support import unique
@@ -94,7 +94,8 @@ def click_and_measure(page: Page, selector: str, status: str) -> tuple[float, fl
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     expect(page.locator("#live-status")).to_have_attribute("data-status", status, timeout=5000)
     outside = (time.monotonic() - started) * 1000
-    page.wait_for_function(f"window.__clickLatencies.length > {before}", timeout=5000)
+    # (Not page.wait_for_function: its predicate is eval'd, which the page's CSP refuses.)
+    wait_until(lambda: page.evaluate("window.__clickLatencies.length") > before, timeout=5)
     inside = page.evaluate(f"window.__clickLatencies[{before}]")
     return inside, outside
 
