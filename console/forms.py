@@ -43,7 +43,7 @@ class StreamFilters(forms.Form):
     content_type = forms.CharField(required=False, max_length=256)
     min_bytes = forms.IntegerField(required=False, min_value=0, max_value=2**62)
     max_bytes = forms.IntegerField(required=False, min_value=0, max_value=2**62)
-    tail_from = OffsetField(required=False, label="tail at or past")
+    tail_from = OffsetField(required=False, label="Tail at or past")
     closed = _choice(("yes", "closed"), ("no", "open"))
     expiry = _choice(("ttl", "expires"), ("never", "never expires"), ("expired", "expired"))
     fork = _choice(("fork", "is a fork"), ("source", "has forks"), ("plain", "neither"))

@@ -7,7 +7,9 @@ from typing import Any
 
 from django import template
 
+from console.selectors import doc_of_stream
 from streams.protocol.offsets import Offset
+from yjs.paths import DocRef
 
 register = template.Library()
 
@@ -21,3 +23,9 @@ def pretty_json(value: Any) -> str:
 def offset(stream: Any) -> str:
     """A stream's tail offset."""
     return str(Offset(stream.next_seq, stream.next_pos))
+
+
+@register.filter
+def yjs_document(path: str) -> DocRef | None:
+    """The Yjs document a stream holds the updates of, if any."""
+    return doc_of_stream(path)

@@ -252,7 +252,11 @@ def test_a_yjs_documents_text_changes_live(
     assert api.put(url).status_code == 201
     writer = Writer()
     assert api.post(url, headers=BINARY, content=frames(writer.edit("Hello"))).status_code == 204
-    page.goto(f"{console_server.base_url}/console/yjs/console/{doc}")
+    # The list shows the document's updates stream, with a link to the document.
+    updates = f"__ds/yjs/console/docs/{doc}"
+    page.goto(f"{console_server.base_url}/console/streams/?path_prefix={quote(updates)}")
+    page.click(f'tr[data-path="{updates}"] a:text("Yjs document")')
+    page.wait_for_url(f"{console_server.base_url}/console/yjs/console/{doc}")
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
     root = page.locator('pre.doc-root[data-root="content (Text)"]')
     expect(root).to_have_text("Hello")

@@ -147,3 +147,8 @@ def test_the_page_keeps_up_with_200_appends_per_second(
         f"{outside} ms"
     )
     assert max(inside) < CLICK_BUDGET_MS, f"click latencies {inside} ms"
+
+    # The overview saw the load (its chart's last minutes).
+    page.goto(f"{console_server.base_url}/console/")
+    expect(page.locator("#appends-chart canvas")).to_have_count(1)
+    screenshot(page, "overview-after-load")
