@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +179,22 @@ def _directory() -> Path | None:
     return Path(directory) if directory and _enabled() else None
 
 
+_flush_lock = threading.Lock()
+
+
 def flush() -> None:
     """Write this worker's samples where the scrape finds them (atomically: a reader never
-    sees half a file)."""
+    sees half a file). Threads of one worker flush one at a time: the periodic flush, a scrape
+    and the console's sampler would otherwise share the temporary file (one renames it away
+    from the other)."""
     directory = _directory()
     if directory is None:
         return
+    with _flush_lock:
+        _write_snapshot(directory)
+
+
+def _write_snapshot(directory: Path) -> None:
     families = []
     for family in registry().collect():
         samples = [

@@ -17,13 +17,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from tests.access.support import bearer, create_key
 from tests.browser.support import create_user, log_in
 from tests.conftest import ServerProcess
+from tests.console import conftest as console_fixtures
+
+# The server in keys mode and a client with a key that may do everything: tests/console's.
+keys_server = console_fixtures.keys_server
+ops_key = console_fixtures.ops_key
+api = console_fixtures.api
 
 VIEWPORT = {"width": 1280, "height": 900}
 
@@ -39,7 +43,7 @@ def chromium_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def browser(console_server: ServerProcess) -> Iterator[Browser]:
+def browser(keys_server: ServerProcess) -> Iterator[Browser]:
     """Chromium, for one test module. While Playwright runs, its event loop runs in this
     thread, where Django then refuses database work: the database and server come first
     (this fixture's dependency), and the browser is gone before other modules' tests."""
@@ -52,23 +56,6 @@ def browser(console_server: ServerProcess) -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="session")
-def console_server(start_server: Any) -> ServerProcess:
-    return start_server(env={"DS_AUTH__MODE": "keys"})
-
-
-@pytest.fixture(scope="session")
-def ops_key(console_server: ServerProcess, database_url: str) -> str:
-    return create_key(database_url, f"console-tests-{time.time_ns()}", ":read,append,manage")
-
-
-@pytest.fixture
-def api(console_server: ServerProcess, ops_key: str) -> Iterator[httpx.Client]:
-    """A client of the protocol and REST API, with a key that may do everything."""
-    with httpx.Client(base_url=console_server.base_url, headers=bearer(ops_key), timeout=30) as c:
-        yield c
-
-
-@pytest.fixture(scope="session")
 def staff(database_url: str) -> str:
     username = f"staff{time.time_ns()}"
     create_user(database_url, username)
@@ -77,12 +64,12 @@ def staff(database_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def session_state(
-    browser: Browser, console_server: ServerProcess, staff: str, tmp_path_factory: Any
+    browser: Browser, keys_server: ServerProcess, staff: str, tmp_path_factory: Any
 ) -> str:
     """The staff user's logged-in browser state (cookies), made once."""
     context = browser.new_context()
     page = context.new_page()
-    log_in(page, console_server.base_url, staff)
+    log_in(page, keys_server.base_url, staff)
     path = tmp_path_factory.mktemp("browser") / "state.json"
     context.storage_state(path=str(path))
     context.close()
@@ -133,7 +120,7 @@ def page_errors() -> PageErrors:
 
 @pytest.fixture
 def page(
-    context: BrowserContext, console_server: ServerProcess, page_errors: PageErrors
+    context: BrowserContext, keys_server: ServerProcess, page_errors: PageErrors
 ) -> Iterator[Page]:
     """A logged-in staff user's page; it fails the test if the page had errors."""
     page = context.new_page()

@@ -8,13 +8,11 @@ from tests.browser.support import screenshot
 from tests.conftest import ServerProcess
 
 
-def test_the_api_docs_render_without_the_internet(
-    page: Page, console_server: ServerProcess
-) -> None:
+def test_the_api_docs_render_without_the_internet(page: Page, keys_server: ServerProcess) -> None:
     """/v1/docs loaded Swagger UI from a CDN: on a machine without internet access the page
     stayed blank. Every asset now comes from the server itself."""
     elsewhere: list[str] = []
-    origin = console_server.base_url
+    origin = keys_server.base_url
 
     def only_this_server(route: Route) -> None:
         if route.request.url.startswith(origin):

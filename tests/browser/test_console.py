@@ -37,24 +37,24 @@ def messages(page: Page):
 
 
 def test_an_anonymous_visitor_is_sent_to_log_in(
-    browser: Browser, console_server: ServerProcess, staff: str
+    browser: Browser, keys_server: ServerProcess, staff: str
 ) -> None:
     context = browser.new_context()
     page = context.new_page()
-    page.goto(f"{console_server.base_url}/console/streams/")
-    assert page.url.startswith(f"{console_server.base_url}/admin/login/")
+    page.goto(f"{keys_server.base_url}/console/streams/")
+    assert page.url.startswith(f"{keys_server.base_url}/admin/login/")
     assert "next=/console/streams/" in page.url
     expect(page.locator("#id_username")).to_be_visible()
-    log_in(page, console_server.base_url, staff, next_path="/console/streams/")
+    log_in(page, keys_server.base_url, staff, next_path="/console/streams/")
     expect(page.locator("h1")).to_contain_text("Streams")
     context.close()
 
 
 def test_the_list_shows_streams_appear_and_go_live(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     prefix = f"{unique('list')}/"
-    page.goto(f"{console_server.base_url}/console/streams/?path_prefix={quote(prefix)}")
+    page.goto(f"{keys_server.base_url}/console/streams/?path_prefix={quote(prefix)}")
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
     expect(page.locator("td.empty")).to_be_visible()
 
@@ -72,14 +72,14 @@ def test_the_list_shows_streams_appear_and_go_live(
 
 
 def test_the_list_searches(
-    page: Page, console_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
+    page: Page, keys_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
 ) -> None:
     prefix = f"{unique('search')}/"
     api.put(f"/v1/stream/{prefix}small", headers=TEXT, content=b"hi")
     api.put(f"/v1/stream/{prefix}large", headers=TEXT, content=b"x" * 5000)
     api.put(f"/v1/stream/{prefix}closed", headers=TEXT | {"Stream-Closed": "true"})
     api.put(f"/v1/stream/{prefix}fork", headers={"Stream-Forked-From": f"{prefix}large"})
-    base = f"{console_server.base_url}/console/streams/?path_prefix={quote(prefix)}"
+    base = f"{keys_server.base_url}/console/streams/?path_prefix={quote(prefix)}"
 
     def listed(query: str) -> set[str]:
         page.goto(f"{base}&{query}")
@@ -103,11 +103,11 @@ def test_the_list_searches(
 
 
 def test_a_stream_tails_live_pauses_and_resumes(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     path = unique("tail")
     api.put(f"/v1/stream/{path}", headers=JSON, content=b'[{"first": 1}]')
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     expect(messages(page)).to_have_count(1)
 
     # Appended through the API, shown within a second, pretty-printed.
@@ -145,11 +145,11 @@ def test_a_stream_tails_live_pauses_and_resumes(
 
 
 def test_binary_messages_show_as_hex_with_their_length(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     path = unique("binary")
     api.put(f"/v1/stream/{path}", headers=BINARY)
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     api.post(f"/v1/stream/{path}", headers=BINARY, content=bytes([0, 1, 0x7F, 0xFF]) * 5)
     message = messages(page).first
     expect(message.locator("pre.hex")).to_have_text(
@@ -159,12 +159,12 @@ def test_binary_messages_show_as_hex_with_their_length(
 
 
 def test_text_appended_from_the_form_and_refusals(
-    page: Page, console_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
+    page: Page, keys_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
 ) -> None:
     page_errors.allow("400 (Bad Request)")
     path = unique("form")
     api.put(f"/v1/stream/{path}", headers=TEXT)
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     page.fill("#id_body", "hello from the form\nsecond line")
     page.click("#append-form button[type=submit]")
     expect(page.locator("#append-result")).to_contain_text("Appended")
@@ -175,7 +175,7 @@ def test_text_appended_from_the_form_and_refusals(
 
     json_path = unique("form-json")
     api.put(f"/v1/stream/{json_path}", headers=JSON)
-    open_stream(page, console_server, json_path)
+    open_stream(page, keys_server, json_path)
     page.fill("#id_body", '{"not json"')
     page.click("#append-form button[type=submit]")
     expect(page.locator("#append-result")).to_contain_text("Not appended (400)")
@@ -191,13 +191,13 @@ def test_text_appended_from_the_form_and_refusals(
 
 
 def test_older_messages_load_by_offset(
-    page: Page, console_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
+    page: Page, keys_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
 ) -> None:
     page_errors.allow("400 (Bad Request)")
     path = unique("older")
     api.put(f"/v1/stream/{path}", headers=JSON)
     api.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"i": i} for i in range(120)]))
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     expect(messages(page)).to_have_count(50)
     expect(messages(page).first).to_contain_text('"i": 70')
     page.click("#load-older")
@@ -218,13 +218,13 @@ def test_older_messages_load_by_offset(
 
 
 def test_a_state_streams_entities_change_live(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     path = unique("state")
     api.put(f"/v1/stream/{path}", headers=JSON)
     registered = api.post("/v1/state/streams", json={"stream": path, "schemas": {}})
     assert registered.status_code == 201, registered.text
-    page.goto(console_url(console_server, "state", path))
+    page.goto(console_url(keys_server, "state", path))
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
     expect(page.locator("#live-fragment .empty")).to_be_visible()
 
@@ -245,7 +245,7 @@ def test_a_state_streams_entities_change_live(
 
 
 def test_a_yjs_documents_text_changes_live(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     doc = unique("notes")
     url = f"/v1/yjs/console/docs/{doc}"
@@ -254,9 +254,9 @@ def test_a_yjs_documents_text_changes_live(
     assert api.post(url, headers=BINARY, content=frames(writer.edit("Hello"))).status_code == 204
     # The list shows the document's updates stream, with a link to the document.
     updates = f"__ds/yjs/console/docs/{doc}"
-    page.goto(f"{console_server.base_url}/console/streams/?path_prefix={quote(updates)}")
+    page.goto(f"{keys_server.base_url}/console/streams/?path_prefix={quote(updates)}")
     page.click(f'tr[data-path="{updates}"] a:text("Yjs document")')
-    page.wait_for_url(f"{console_server.base_url}/console/yjs/console/{doc}")
+    page.wait_for_url(f"{keys_server.base_url}/console/yjs/console/{doc}")
     expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
     root = page.locator('pre.doc-root[data-root="content (Text)"]')
     expect(root).to_have_text("Hello")
@@ -268,11 +268,11 @@ def test_a_yjs_documents_text_changes_live(
 
 
 def test_the_overview_shows_the_server_now(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     path = unique("overview")
     api.put(f"/v1/stream/{path}", headers=TEXT)
-    page.goto(f"{console_server.base_url}/console/")
+    page.goto(f"{keys_server.base_url}/console/")
     for i in range(20):
         api.post(f"/v1/stream/{path}", headers=TEXT, content=f"{i}")
     rate = page.locator('[data-figure="appends_per_second"]')
@@ -291,7 +291,7 @@ def _number(text: str) -> float:
 
 
 def test_user_content_is_shown_as_text_never_run(
-    page: Page, console_server: ServerProcess, api: httpx.Client
+    page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:
     """Stream paths and message contents are the users' own: the console shows them as text,
     and its Content-Security-Policy would stop a script even if an escape were missed."""
@@ -307,12 +307,12 @@ def test_user_content_is_shown_as_text_never_run(
     api.put(f"/v1/stream/{json_path}", headers=JSON)
     api.post(f"/v1/stream/{json_path}", headers=JSON, content=json.dumps({attack: attack}))
 
-    page.goto(f"{console_server.base_url}/console/streams/?path_prefix={quote(path)}")
+    page.goto(f"{keys_server.base_url}/console/streams/?path_prefix={quote(path)}")
     expect(page.locator("td.path a")).to_have_text(path)
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     expect(page.locator("h1.path")).to_have_text(path)
     expect(messages(page).locator("pre.body")).to_contain_text("<script>window.__xss=2</script>")
-    open_stream(page, console_server, json_path)
+    open_stream(page, keys_server, json_path)
     expect(messages(page).locator("pre.body")).to_contain_text(attack)
     assert page.locator("img").count() == 0
     assert page.evaluate("window.__xss") is None

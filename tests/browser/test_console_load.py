@@ -102,14 +102,14 @@ def click_and_measure(page: Page, selector: str, status: str) -> tuple[float, fl
 
 @pytest.mark.slow
 def test_the_page_keeps_up_with_200_appends_per_second(
-    page: Page, console_server: ServerProcess, api: httpx.Client, ops_key: str
+    page: Page, keys_server: ServerProcess, api: httpx.Client, ops_key: str
 ) -> None:
     path = unique("load")
     assert api.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"}).is_success
-    open_stream(page, console_server, path)
+    open_stream(page, keys_server, path)
     page.evaluate(MEASURE_CLICKS)
     total = int(RATE * SECONDS)
-    load = Load(console_server.stream_url(path), {"Authorization": f"Bearer {ops_key}"}, total)
+    load = Load(keys_server.stream_url(path), {"Authorization": f"Bearer {ops_key}"}, total)
     load.start()
     started = time.monotonic()
 
@@ -149,6 +149,6 @@ def test_the_page_keeps_up_with_200_appends_per_second(
     assert max(inside) < CLICK_BUDGET_MS, f"click latencies {inside} ms"
 
     # The overview saw the load (its chart's last minutes).
-    page.goto(f"{console_server.base_url}/console/")
+    page.goto(f"{keys_server.base_url}/console/")
     expect(page.locator("#appends-chart canvas")).to_have_count(1)
     screenshot(page, "overview-after-load")

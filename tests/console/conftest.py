@@ -18,18 +18,21 @@ from tests.browser.support import PASSWORD, create_user
 from tests.conftest import ServerProcess, manage
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def keys_server(start_server: Any) -> ServerProcess:
+    """A server that requires API keys, as in production: the console's pages must follow
+    streams through signed read URLs."""
     return start_server(env={"DS_AUTH__MODE": "keys"})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ops_key(keys_server: ServerProcess, database_url: str) -> str:
-    return create_key(database_url, f"console-http-{time.time_ns()}", ":read,append,manage")
+    return create_key(database_url, f"console-tests-{time.time_ns()}", ":read,append,manage")
 
 
 @pytest.fixture
 def api(keys_server: ServerProcess, ops_key: str) -> Iterator[httpx.Client]:
+    """A client of the protocol and REST API, with a key that may do everything."""
     with httpx.Client(base_url=keys_server.base_url, headers=bearer(ops_key), timeout=30) as c:
         yield c
 
