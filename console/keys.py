@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from django.contrib.auth import get_user_model
 from django.db.models import Q
@@ -28,6 +28,7 @@ from access import signing
 from access.grants import Grant, Operation, doc_resource, stream_resource
 from access.models import ApiKey
 from access.services import create_key
+from yjs.paths import INTERNAL_PREFIX as YJS_PREFIX
 
 SIGNED_URL_SECS = 15 * 60
 KEY_NAME = "console (signs live views for this user)"
@@ -65,7 +66,18 @@ def console_key_id(user: Any) -> str:
 
 
 def stream_live_url(user: Any, path: str) -> LiveUrl:
-    """A signed URL reading the stream at ``path`` through ``/v1/stream/``."""
+    """A signed URL reading the stream at ``path``: through ``/v1/stream/``, or for the
+    internal streams of a Yjs document (which ``/v1/stream/`` refuses), through ``/v1/yjs/``:
+    its updates, or one of its awareness streams."""
+    if path.startswith(YJS_PREFIX):
+        service, _, rest = path[len(YJS_PREFIX) :].partition("/")
+        kind, _, rest = rest.partition("/")
+        if kind == "docs" and rest:
+            return doc_live_url(user, service, rest)
+        doc_path, _, name = rest.rpartition("/")
+        if kind == "awareness" and doc_path and name:
+            signed = doc_live_url(user, service, doc_path)
+            return LiveUrl(f"{signed.url}&{urlencode({'awareness': name})}", signed.expires)
     return _signed(user, stream_resource(path), f"/v1/stream/{quote(path, safe='/')}")
 
 

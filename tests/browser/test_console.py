@@ -266,6 +266,14 @@ def test_a_yjs_documents_text_changes_live(
     expect(page.locator("#live-fragment")).to_contain_text("2 updates")
     screenshot(page, "yjs")
 
+    # Its updates stream follows through /v1/yjs/ (/v1/stream/ refuses internal paths).
+    page.click("text=its updates stream")
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
+    expect(messages(page)).to_have_count(2)
+    api.post(url, headers=BINARY, content=frames(writer.edit("!")))
+    expect(messages(page)).to_have_count(3, timeout=5000)
+    expect(messages(page).last.locator("pre.hex")).to_be_visible()
+
 
 def test_the_overview_shows_the_server_now(
     page: Page, keys_server: ServerProcess, api: httpx.Client
