@@ -51,12 +51,15 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI's assets, served from the project (no CDN): /v1/docs works offline.
+    "drf_spectacular_sidecar",
     "rest_framework_api_key",
     "streams",
     "access",
     "state",
     "yjs",
     "spark",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -153,7 +156,16 @@ LOGGING = {
             "level": env("DS_LOG_LEVEL", default="INFO"),
             "propagate": False,
         }
-        for name in ("streams", "state", "yjs", "spark", "access", "durable_project", "ds")
+        for name in (
+            "streams",
+            "state",
+            "yjs",
+            "spark",
+            "access",
+            "console",
+            "durable_project",
+            "ds",
+        )
     }
     # Errors of Django-served URLs (500s of the admin and the REST API), with their traceback.
     | {"django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False}},
@@ -269,4 +281,8 @@ SPECTACULAR_SETTINGS = {
     # The API's documentation is public, whatever the access mode.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    # Swagger UI and its favicon from drf-spectacular-sidecar's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
