@@ -21,49 +21,65 @@
 
 -- ===== Publishing =====
 
+-- Events are written as JSON text directly (to_json and concatenation): building jsonb values
+-- and printing them cost about four times as much per row (measured). Rows are turned into JSON
+-- once each (to_json of the row); the usual key (one column) and value (every column) are
+-- plain expressions in ds_tablesync_capture, these functions the general case.
+
 -- The change event's key: the primary key's value as text, or for a composite key the JSON
 -- array of its values (docs/gaps.md).
-CREATE OR REPLACE FUNCTION ds_tablesync_key(p_row jsonb, p_keys text[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+CREATE OR REPLACE FUNCTION ds_tablesync_key(p_row json, p_keys text[]) RETURNS text
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN cardinality(p_keys) = 1 THEN p_row ->> p_keys[1]
-           ELSE (SELECT jsonb_agg(p_row -> u.k ORDER BY u.o)
+           ELSE (SELECT json_agg(p_row -> u.k ORDER BY u.o)
                    FROM unnest(p_keys) WITH ORDINALITY AS u(k, o))::text END
 $$;
 
--- The change event's value: the row, or only the published columns.
-CREATE OR REPLACE FUNCTION ds_tablesync_value(p_row jsonb, p_columns text[]) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_columns IS NULL THEN p_row
-           ELSE (SELECT coalesce(jsonb_object_agg(c, p_row -> c), '{}')
-                   FROM unnest(p_columns) AS c) END
-$$;
-
--- One change event (STATE-PROTOCOL.md 5.1) as stored message bytes; a delete has no value.
-CREATE OR REPLACE FUNCTION ds_tablesync_event(
-    p_type text, p_operation text, p_key text, p_value jsonb, p_headers jsonb
-) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT convert_to(CASE WHEN p_operation = 'delete'
-        THEN jsonb_build_object('type', p_type, 'key', p_key,
-                                'headers', p_headers || jsonb_build_object('operation', p_operation))
-        ELSE jsonb_build_object('type', p_type, 'key', p_key, 'value', p_value,
-                                'headers', p_headers || jsonb_build_object('operation', p_operation))
-        END::text, 'UTF8')
-$$;
-
--- Headers shared by the events of one statement: the transaction (STATE-PROTOCOL.md 4.1:
--- "grouping related changes") and when the statement started.
-CREATE OR REPLACE FUNCTION ds_tablesync_headers() RETURNS jsonb
+-- The change event's value as JSON text: the row, or only the published columns.
+CREATE OR REPLACE FUNCTION ds_tablesync_value(p_row json, p_columns text[]) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('txid', pg_current_xact_id()::text,
-                              'timestamp', ds_rfc3339(statement_timestamp()))
+    SELECT CASE WHEN p_columns IS NULL THEN p_row::text
+           ELSE (SELECT coalesce(json_object_agg(c, p_row -> c), '{}')
+                   FROM unnest(p_columns) AS c)::text END
+$$;
+
+-- A row whose key is NULL: its key columns were dropped or renamed since it was published.
+-- (STABLE only so that ds_tablesync_event stays inlinable; it never returns.)
+CREATE OR REPLACE FUNCTION ds_tablesync_keyless(p_type text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RAISE EXCEPTION 'a change of entity type % has no key: the published table''s key columns'
+        ' changed', p_type
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'publish the table again (unpublish_table, then publish_table)';
+END;
+$$;
+
+-- One change event (STATE-PROTOCOL.md 5.1) as stored message bytes. p_type and p_headers are
+-- JSON text made once per statement (ds_tablesync_headers), p_value JSON text (NULL: a delete,
+-- which has no value).
+CREATE OR REPLACE FUNCTION ds_tablesync_event(
+    p_type text, p_key text, p_value text, p_headers text
+) RETURNS bytea
+LANGUAGE sql STABLE AS $$
+    SELECT convert_to('{"type":' || p_type
+        || ',"key":' || to_json(coalesce(p_key, ds_tablesync_keyless(p_type)))::text
+        || coalesce(',"value":' || p_value, '')
+        || ',"headers":' || p_headers || '}', 'UTF8')
+$$;
+
+-- The headers of one statement's events of an operation: the transaction (STATE-PROTOCOL.md
+-- 4.1: "grouping related changes") and when the statement started.
+CREATE OR REPLACE FUNCTION ds_tablesync_headers(p_operation text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('operation', p_operation, 'txid', pg_current_xact_id()::text,
+                              'timestamp', ds_rfc3339(statement_timestamp()))::text
 $$;
 
 -- A control event (STATE-PROTOCOL.md 5.2) as stored message bytes.
 CREATE OR REPLACE FUNCTION ds_tablesync_control(p_control text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT convert_to(jsonb_build_object('headers', jsonb_build_object('control', p_control))::text,
-                      'UTF8')
+LANGUAGE sql STABLE AS $$
+    SELECT convert_to('{"headers":{"control":' || to_json(p_control)::text || '}}', 'UTF8')
 $$;
 
 -- Messages per pending row (and per append): a huge statement is appended in pieces, each well
@@ -71,18 +87,38 @@ $$;
 CREATE OR REPLACE FUNCTION ds_tablesync_chunk() RETURNS int
 LANGUAGE sql IMMUTABLE AS $$ SELECT 50000 $$;
 
+-- Stage a statement's events (one pending row) for the flush at commit.
+CREATE OR REPLACE FUNCTION ds_tablesync_stage(p_publication_id bigint, p_events bytea[])
+RETURNS void
+LANGUAGE sql AS $$
+    -- unnest yields the array in order, and the aggregates take their input in that order.
+    INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
+    SELECT p_publication_id, array_agg(octet_length(u.m)), string_agg(u.m, ''::bytea)
+      FROM unnest(p_events) AS u(m)
+    HAVING count(*) > 0
+$$;
+
 -- The statement-level trigger on a published table (TG_ARGV[0]: the publication's id). It runs
--- at the end of each statement, outside any stream lock, and only records the events; the
+-- at the end of each statement, outside any stream lock, and only stages the events; the
 -- deferred ds_tablesync_flush appends them when the transaction commits. An UPDATE pairs old
 -- and new rows by key: a key only in the old rows was deleted, only in the new ones inserted
 -- (an update of the primary key), in both updated, unless the published value is unchanged.
+-- Each row is turned into JSON once (OFFSET 0 keeps the planner from repeating to_json for
+-- each use), headers once per statement.
 -- SECURITY DEFINER (search_path pinned below): whoever may write the table may publish its
 -- changes, without rights on the stream tables.
 CREATE OR REPLACE FUNCTION ds_tablesync_capture() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     p ds_table_publication;
-    v_headers jsonb;
+    v_type text;
+    v_key text;
+    v_insert text := ds_tablesync_headers('insert');
+    v_update text := ds_tablesync_headers('update');
+    v_delete text := ds_tablesync_headers('delete');
+    v_events bytea[] := '{}';
+    v_event bytea;
+    c refcursor;
 BEGIN
     SELECT * INTO p FROM ds_table_publication WHERE id = TG_ARGV[0]::bigint;
     IF NOT FOUND THEN
@@ -90,53 +126,61 @@ BEGIN
             TG_TABLE_NAME, TG_ARGV[0]
             USING HINT = 'drop the ds_tablesync_* triggers of the table, or publish it again';
     END IF;
-    v_headers := ds_tablesync_headers();
+    v_type := to_json(p.entity_type)::text;
+    v_key := CASE WHEN cardinality(p.key_columns) = 1 THEN p.key_columns[1] END;
     IF TG_OP = 'TRUNCATE' THEN
         -- Every row is gone: clients clear their state (STATE-PROTOCOL.md 4.2.2).
-        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
-        SELECT p.id, ARRAY[octet_length(c)], c FROM ds_tablesync_control('reset') AS c;
+        OPEN c FOR SELECT ds_tablesync_control('reset');
     ELSIF TG_OP = 'INSERT' THEN
-        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
-        SELECT p.id, array_agg(octet_length(e.m) ORDER BY e.n), string_agg(e.m, ''::bytea ORDER BY e.n)
-          FROM (SELECT row_number() OVER () AS n,
-                       ds_tablesync_event(p.entity_type, 'insert',
-                           ds_tablesync_key(r.j, p.key_columns),
-                           ds_tablesync_value(r.j, p.columns), v_headers) AS m
-                  FROM (SELECT to_jsonb(t) AS j FROM ds_new AS t) AS r) AS e
-         GROUP BY (e.n - 1) / ds_tablesync_chunk()
-         ORDER BY (e.n - 1) / ds_tablesync_chunk();
+        OPEN c FOR
+            SELECT ds_tablesync_event(v_type,
+                       CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
+                            ELSE ds_tablesync_key(r.j, p.key_columns) END,
+                       CASE WHEN p.columns IS NULL THEN r.j::text
+                            ELSE ds_tablesync_value(r.j, p.columns) END,
+                       v_insert)
+              FROM (SELECT to_json(t) AS j FROM ds_new AS t OFFSET 0) AS r;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
-        SELECT p.id, array_agg(octet_length(e.m) ORDER BY e.n), string_agg(e.m, ''::bytea ORDER BY e.n)
-          FROM (SELECT row_number() OVER () AS n,
-                       ds_tablesync_event(p.entity_type, 'delete',
-                           ds_tablesync_key(to_jsonb(t), p.key_columns), NULL, v_headers) AS m
-                  FROM ds_old AS t) AS e
-         GROUP BY (e.n - 1) / ds_tablesync_chunk()
-         ORDER BY (e.n - 1) / ds_tablesync_chunk();
+        OPEN c FOR
+            SELECT ds_tablesync_event(v_type,
+                       CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
+                            ELSE ds_tablesync_key(r.j, p.key_columns) END,
+                       NULL, v_delete)
+              FROM (SELECT to_json(t) AS j FROM ds_old AS t OFFSET 0) AS r;
     ELSE
-        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
-        WITH o AS (
-            SELECT ds_tablesync_key(r.j, p.key_columns) AS k, ds_tablesync_value(r.j, p.columns) AS v
-              FROM (SELECT to_jsonb(t) AS j FROM ds_old AS t) AS r
-        ), n AS (
-            SELECT ds_tablesync_key(r.j, p.key_columns) AS k, ds_tablesync_value(r.j, p.columns) AS v
-              FROM (SELECT to_jsonb(t) AS j FROM ds_new AS t) AS r
-        ), changes AS (
-            SELECT 0 AS step, o.k, 'delete' AS op, NULL::jsonb AS v
+        OPEN c FOR
+            WITH o AS MATERIALIZED (
+                SELECT CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
+                            ELSE ds_tablesync_key(r.j, p.key_columns) END AS k,
+                       CASE WHEN p.columns IS NULL THEN r.j::text
+                            ELSE ds_tablesync_value(r.j, p.columns) END AS v
+                  FROM (SELECT to_json(t) AS j FROM ds_old AS t OFFSET 0) AS r
+            ), n AS MATERIALIZED (
+                SELECT CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
+                            ELSE ds_tablesync_key(r.j, p.key_columns) END AS k,
+                       CASE WHEN p.columns IS NULL THEN r.j::text
+                            ELSE ds_tablesync_value(r.j, p.columns) END AS v
+                  FROM (SELECT to_json(t) AS j FROM ds_new AS t OFFSET 0) AS r
+            )
+            SELECT ds_tablesync_event(v_type, o.k, NULL, v_delete)
               FROM o WHERE NOT EXISTS (SELECT 1 FROM n WHERE n.k = o.k)
             UNION ALL
-            SELECT 1, n.k, CASE WHEN o.k IS NULL THEN 'insert' ELSE 'update' END, n.v
+            SELECT ds_tablesync_event(v_type, n.k, n.v,
+                       CASE WHEN o.k IS NULL THEN v_insert ELSE v_update END)
               FROM n LEFT JOIN o ON o.k = n.k
-             WHERE o.v IS DISTINCT FROM n.v
-        )
-        SELECT p.id, array_agg(octet_length(e.m) ORDER BY e.n), string_agg(e.m, ''::bytea ORDER BY e.n)
-          FROM (SELECT row_number() OVER (ORDER BY c.step) AS n,
-                       ds_tablesync_event(p.entity_type, c.op, c.k, c.v, v_headers) AS m
-                  FROM changes AS c) AS e
-         GROUP BY (e.n - 1) / ds_tablesync_chunk()
-         ORDER BY (e.n - 1) / ds_tablesync_chunk();
+             WHERE o.v IS DISTINCT FROM n.v;
     END IF;
+    LOOP
+        FETCH c INTO v_event;
+        EXIT WHEN NOT FOUND;
+        v_events := v_events || v_event;
+        IF cardinality(v_events) >= ds_tablesync_chunk() THEN
+            PERFORM ds_tablesync_stage(p.id, v_events);
+            v_events := '{}';
+        END IF;
+    END LOOP;
+    CLOSE c;
+    PERFORM ds_tablesync_stage(p.id, v_events);
     RETURN NULL;
 END;
 $$;
@@ -278,18 +322,20 @@ CREATE OR REPLACE FUNCTION ds_tablesync_snapshot(p_publication_id bigint) RETURN
 LANGUAGE plpgsql AS $$
 DECLARE
     p ds_table_publication;
-    v_headers jsonb := ds_tablesync_headers();
+    v_type text;
+    v_headers text := ds_tablesync_headers('insert');
     v_messages bytea[] := '{}';
     v_rows bigint := 0;
     r record;
 BEGIN
     SELECT * INTO STRICT p FROM ds_table_publication WHERE id = p_publication_id;
+    v_type := to_json(p.entity_type)::text;
     IF (SELECT s.next_seq > 0 FROM ds_stream AS s WHERE s.id = p.stream_id) THEN
         v_messages := v_messages || ds_tablesync_control('reset');
     END IF;
     v_messages := v_messages || ds_tablesync_control('snapshot-start');
-    FOR r IN EXECUTE format('SELECT to_jsonb(t) AS j FROM %s AS t', p.table_oid::oid::regclass) LOOP
-        v_messages := v_messages || ds_tablesync_event(p.entity_type, 'insert',
+    FOR r IN EXECUTE format('SELECT to_json(t) AS j FROM %s AS t', p.table_oid::oid::regclass) LOOP
+        v_messages := v_messages || ds_tablesync_event(v_type,
             ds_tablesync_key(r.j, p.key_columns), ds_tablesync_value(r.j, p.columns), v_headers);
         v_rows := v_rows + 1;
         IF cardinality(v_messages) >= ds_tablesync_chunk() THEN
