@@ -91,13 +91,17 @@ class Migration(migrations.Migration):
         ),
         # Changes a transaction made to published tables, one row per statement, until the
         # transaction commits (sql/tablesync.sql). UNLOGGED: a row never outlives its transaction,
-        # so there is nothing to recover after a crash and nothing to write to the WAL.
+        # so there is nothing to recover after a crash and nothing to write to the WAL. Rows are
+        # found by their transaction (xid), through the index: a scan would also visit every
+        # row deleted since the last vacuum.
         migrations.RunSQL(
             "CREATE UNLOGGED TABLE ds_tablesync_pending ("
             " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " xid xid8 NOT NULL DEFAULT pg_current_xact_id(),"
             " publication_id bigint NOT NULL,"
             " lengths int[] NOT NULL,"
-            " data bytea NOT NULL)",
+            " data bytea NOT NULL);"
+            " CREATE INDEX ds_tablesync_pending_xid ON ds_tablesync_pending (xid)",
             "DROP TABLE ds_tablesync_pending",
         ),
     ]

@@ -70,10 +70,14 @@ $$;
 
 -- The headers of one statement's events of an operation: the transaction (STATE-PROTOCOL.md
 -- 4.1: "grouping related changes") and when the statement started.
+-- (The timestamp: RFC 3339 in UTC, as ds_rfc3339 writes it, through the json output of a
+-- timestamp, several times cheaper than to_char.)
 CREATE OR REPLACE FUNCTION ds_tablesync_headers(p_operation text) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object('operation', p_operation, 'txid', pg_current_xact_id()::text,
-                              'timestamp', ds_rfc3339(statement_timestamp()))::text
+    SELECT '{"operation":' || to_json(p_operation)::text
+        || ',"txid":"' || pg_current_xact_id()::text
+        || '","timestamp":"' || (to_json(statement_timestamp() AT TIME ZONE 'UTC') #>> '{}')
+        || 'Z"}'
 $$;
 
 -- A control event (STATE-PROTOCOL.md 5.2) as stored message bytes.
@@ -90,12 +94,19 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 50000 $$;
 -- Stage a statement's events (one pending row) for the flush at commit.
 CREATE OR REPLACE FUNCTION ds_tablesync_stage(p_publication_id bigint, p_events bytea[])
 RETURNS void
-LANGUAGE sql AS $$
-    -- unnest yields the array in order, and the aggregates take their input in that order.
-    INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
-    SELECT p_publication_id, array_agg(octet_length(u.m)), string_agg(u.m, ''::bytea)
-      FROM unnest(p_events) AS u(m)
-    HAVING count(*) > 0
+-- plpgsql, not sql: an SQL function called from plpgsql is planned on every call.
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_events) = 1 THEN
+        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
+        VALUES (p_publication_id, ARRAY[octet_length(p_events[1])], p_events[1]);
+    ELSIF cardinality(p_events) > 1 THEN
+        -- unnest yields the array in order, and the aggregates take their input in that order.
+        INSERT INTO ds_tablesync_pending (publication_id, lengths, data)
+        SELECT p_publication_id, array_agg(octet_length(u.m)), string_agg(u.m, ''::bytea)
+          FROM unnest(p_events) AS u(m);
+    END IF;
+END;
 $$;
 
 -- The statement-level trigger on a published table (TG_ARGV[0]: the publication's id). It runs
@@ -113,9 +124,9 @@ DECLARE
     p ds_table_publication;
     v_type text;
     v_key text;
-    v_insert text := ds_tablesync_headers('insert');
-    v_update text := ds_tablesync_headers('update');
-    v_delete text := ds_tablesync_headers('delete');
+    v_insert text;
+    v_update text;
+    v_delete text;
     v_events bytea[] := '{}';
     v_event bytea;
     c refcursor;
@@ -132,6 +143,7 @@ BEGIN
         -- Every row is gone: clients clear their state (STATE-PROTOCOL.md 4.2.2).
         OPEN c FOR SELECT ds_tablesync_control('reset');
     ELSIF TG_OP = 'INSERT' THEN
+        v_insert := ds_tablesync_headers('insert');
         OPEN c FOR
             SELECT ds_tablesync_event(v_type,
                        CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
@@ -141,6 +153,7 @@ BEGIN
                        v_insert)
               FROM (SELECT to_json(t) AS j FROM ds_new AS t OFFSET 0) AS r;
     ELSIF TG_OP = 'DELETE' THEN
+        v_delete := ds_tablesync_headers('delete');
         OPEN c FOR
             SELECT ds_tablesync_event(v_type,
                        CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
@@ -148,6 +161,9 @@ BEGIN
                        NULL, v_delete)
               FROM (SELECT to_json(t) AS j FROM ds_old AS t OFFSET 0) AS r;
     ELSE
+        v_insert := ds_tablesync_headers('insert');
+        v_update := ds_tablesync_headers('update');
+        v_delete := ds_tablesync_headers('delete');
         OPEN c FOR
             WITH o AS MATERIALIZED (
                 SELECT CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
@@ -186,7 +202,8 @@ END;
 $$;
 
 -- Append messages for a publication, through the clients' write path; anything but an
--- accepted append fails the transaction (a committed change must reach its stream).
+-- accepted append fails the transaction (a committed change must reach its stream). The stream
+-- is locked first, so the state app's validation version read next is the one ds_append sees.
 CREATE OR REPLACE FUNCTION ds_tablesync_append(
     p_table text, p_stream_id bigint, p_lengths int[], p_data bytea, p_max_stream_bytes bigint
 ) RETURNS void
@@ -196,7 +213,7 @@ DECLARE
     v_outcome ds_append_outcome;
     v_count int := cardinality(p_lengths);
 BEGIN
-    SELECT s.path INTO v_path FROM ds_stream AS s WHERE s.id = p_stream_id;
+    SELECT s.path INTO v_path FROM ds_stream AS s WHERE s.id = p_stream_id FOR UPDATE;
     SELECT a.outcome INTO v_outcome
       FROM ds_append(v_path,
                      jsonb_build_array(jsonb_build_array(
@@ -215,8 +232,8 @@ $$;
 
 -- The deferred constraint trigger on ds_tablesync_pending: runs as the transaction commits.
 -- The first of the transaction's pending rows to fire appends them all and deletes them; the
--- others find their row gone. Streams are locked first, in path order, the order group commit
--- locks streams in, so transactions publishing to several streams cannot deadlock.
+-- others find their row gone. Streams are appended to (and so locked) in path order, the order
+-- group commit locks streams in, so transactions publishing to several streams cannot deadlock.
 CREATE OR REPLACE FUNCTION ds_tablesync_flush() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -226,22 +243,18 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM ds_stream AS s
-     WHERE s.id IN (SELECT p.stream_id FROM ds_tablesync_pending AS q
-                      JOIN ds_table_publication AS p ON p.id = q.publication_id)
-     ORDER BY s.path
-       FOR UPDATE OF s;
     FOR w IN
         SELECT q.lengths, q.data, p.table_name, p.stream_id, p.max_stream_bytes
           FROM ds_tablesync_pending AS q
           JOIN ds_table_publication AS p ON p.id = q.publication_id
           LEFT JOIN ds_stream AS s ON s.id = p.stream_id
+         WHERE q.xid = pg_current_xact_id()
          ORDER BY s.path, q.id
     LOOP
         PERFORM ds_tablesync_append(w.table_name, w.stream_id, w.lengths, w.data,
                                     w.max_stream_bytes);
     END LOOP;
-    DELETE FROM ds_tablesync_pending;
+    DELETE FROM ds_tablesync_pending WHERE xid = pg_current_xact_id();
     RETURN NULL;
 END;
 $$;
