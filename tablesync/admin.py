@@ -70,14 +70,15 @@ class PublishForm(forms.ModelForm):
 
 @admin.register(TablePublication)
 class TablePublicationAdmin(admin.ModelAdmin):
-    list_display = ["table_name", "stream_link", "entity_type", "key", "published_columns",
-                    "snapshot_rows", "created_at", "created_by"]  # fmt: skip
+    list_display = ["table_name", "table_present", "stream_link", "entity_type", "key",
+                    "published_columns", "snapshot_rows", "created_at", "created_by"]  # fmt: skip
     search_fields = ["table_name", "stream__path"]
     list_select_related = ["stream"]
     ordering = ["table_name"]
     actions = ["unpublish_and_close"]
-    readonly_fields = ["table_name", "stream_link", "entity_type", "key", "published_columns",
-                       "max_stream_bytes", "snapshot_rows", "created_at", "created_by"]  # fmt: skip
+    readonly_fields = ["table_name", "table_present", "stream_link", "entity_type", "key",
+                       "published_columns", "max_stream_bytes", "snapshot_rows", "created_at",
+                       "created_by"]  # fmt: skip
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
                  **kwargs: Any) -> Any:  # fmt: skip
@@ -117,6 +118,10 @@ class TablePublicationAdmin(admin.ModelAdmin):
         for publication in queryset:
             publish.unpublish(publication, close_stream=True)
         self.message_user(request, f"Unpublished {len(queryset)} table(s); streams closed.")
+
+    @admin.display(description="table exists", boolean=True)
+    def table_present(self, obj: TablePublication) -> bool:
+        return publish.table_exists(obj.table_oid)
 
     @admin.display(description="stream")
     def stream_link(self, obj: TablePublication) -> str:

@@ -120,19 +120,26 @@ def _publishable_stream(path: str, created_by: str) -> tuple[Stream, bool]:
 
 
 def find_publication(table: str) -> TablePublication:
-    """The publication of ``table``: by the table's name now, or as it was published (the
-    table may have been dropped since)."""
-    publication = TablePublication.objects.filter(table_name=table).first()
-    if publication is None:
-        try:
-            target = tables.find_table(table)
-        except NotFound:
-            target = None
-        if target is not None:
-            publication = TablePublication.objects.filter(table_oid=target.oid).first()
-    if publication is None:
-        raise NotFound(f"{table!r} is not published")
-    return publication
+    """The publication of ``table``: the table of that name now, or a dropped table that was
+    published under that name."""
+    try:
+        target: tables.Table | None = tables.find_table(table)
+    except NotFound:
+        target = None
+    if target is not None:
+        publication = TablePublication.objects.filter(table_oid=target.oid).first()
+        if publication is not None:
+            return publication
+    for publication in TablePublication.objects.filter(table_name=table):
+        if not table_exists(publication.table_oid):
+            return publication
+    raise NotFound(f"{table!r} is not published")
+
+
+def table_exists(oid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = %s)", [oid])
+        return bool(cursor.fetchone()[0])
 
 
 def unpublish_table(*, table: str, close_stream: bool = False) -> TablePublication:

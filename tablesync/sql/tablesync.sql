@@ -362,7 +362,9 @@ END;
 $$;
 
 -- Pin the search path of the SECURITY DEFINER functions to the schema they are installed in
--- (and pg_temp last), as PostgreSQL's documentation requires of such functions.
+-- (and pg_temp last), as PostgreSQL's documentation requires of such functions. Rows become
+-- JSON the same way whatever the writing session's settings: timestamps with time zone in UTC,
+-- intervals and floats in PostgreSQL's default output.
 DO $$
 BEGIN
     EXECUTE format('ALTER FUNCTION ds_tablesync_capture() SET search_path = %I, pg_temp',
@@ -371,6 +373,10 @@ BEGIN
                    current_schema());
 END;
 $$;
+ALTER FUNCTION ds_tablesync_capture()
+    SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1;
+ALTER FUNCTION ds_tablesync_snapshot(bigint)
+    SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1;
 
 -- ===== Sinking =====
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from tablesync.models import StreamSink, TablePublication
+from tablesync.publish import table_exists
 from tablesync.sinks import describe
 
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
                 "type": p.entity_type,
                 "key": p.key_columns,
                 "columns": p.columns,
+                "table_exists": table_exists(p.table_oid),
             }
             for p in TablePublication.objects.select_related("stream").order_by("table_name")
         ]
@@ -35,11 +37,12 @@ class Command(BaseCommand):
             return
         self.stdout.write("Published tables:" if publications else "No published tables.")
         for p in publications:
-            self.stdout.write(f"  {p['table']} -> {p['stream']} (type {p['type']})")
+            dropped = "" if p["table_exists"] else ", the table was dropped: unpublish it"
+            self.stdout.write(f"  {p['table']} -> {p['stream']} (type {p['type']}{dropped})")
         self.stdout.write("Sinks:" if sinks else "No sinks.")
         for s in sinks:
             self.stdout.write(
                 f"  #{s['id']} {s['stream']} -> {s['table']} ({s['mode']}, {s['state']}):"
-                f" at {s['applied_offset']}, {s['behind']} behind, {s['errors']} errors"
+                f" at {s['applied_offset']}, {s['behind']} behind, {s['errors']} error(s)"
                 + (f", failing: {s['last_error']}" if s["last_error"] else "")
             )
