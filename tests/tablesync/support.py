@@ -4,6 +4,7 @@ SSE), and the state a table or a stream stands for."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -129,3 +130,11 @@ class SseReader(threading.Thread):
             raise self.error
         with self._lock:
             return list(self.messages)
+
+
+def csrf(client: httpx.Client, url: str) -> str:
+    page = client.get(url)
+    assert page.status_code == 200, page.text[:500]
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token is not None
+    return token.group(1)

@@ -28,6 +28,7 @@ from tests.tablesync.support import (
     SseReader,
     command_fails,
     command_ok,
+    csrf,
     entities_state,
     stream_state,
     table_state,
@@ -402,3 +403,42 @@ def test_publish_refuses_what_it_cannot_publish(
         database_url, "publish_table", table, "--stream", f"tablesync/{table}-again"
     )
     assert "not published" in command_fails(database_url, "unpublish_table", keyless)
+
+
+def test_publish_and_unpublish_in_the_admin(
+    client: httpx.Client, admin_client: httpx.Client, pg: psycopg.Connection[Any]
+) -> None:
+    """The admin's add form publishes (with a snapshot), a refusal is shown on the form and
+    publishes nothing, and deleting the publication unpublishes the table."""
+    table = unique("admin_pub")
+    path = f"tablesync/{table}"
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    pg.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+    add_url = "/admin/tablesync/tablepublication/add/"
+    form = {"table": table, "stream_path": path, "entity_type_name": "thing",
+            "column_list": "", "snapshot": "on"}  # fmt: skip
+    refused = admin_client.post(
+        add_url, data={**form, "table": f"{table}_missing", "csrfmiddlewaretoken":
+                       csrf(admin_client, add_url)},
+    )  # fmt: skip
+    assert refused.status_code == 200 and "not found" in refused.text
+    assert client.head(f"/v1/stream/{path}").status_code == 404
+    added = admin_client.post(
+        add_url, data={**form, "csrfmiddlewaretoken": csrf(admin_client, add_url)}
+    )
+    assert added.status_code == 200 and "was added successfully" in added.text, added.text[-2000:]
+    pg.execute(f"UPDATE {table} SET v = 'uno'")
+    messages, _ = read_messages(client, path)
+    assert [(m.get("type"), m["headers"].get("operation")) for m in messages] == [
+        (None, None), ("thing", "insert"), (None, None), ("thing", "update"),
+    ]  # fmt: skip
+    (publication_id,) = pg.execute(
+        "SELECT id FROM ds_table_publication WHERE table_name = %s", [table]
+    ).fetchone() or (None,)
+    delete_url = f"/admin/tablesync/tablepublication/{publication_id}/delete/"
+    deleted = admin_client.post(
+        delete_url, data={"post": "yes", "csrfmiddlewaretoken": csrf(admin_client, delete_url)}
+    )
+    assert deleted.status_code == 200, deleted.text[-2000:]
+    pg.execute(f"DELETE FROM {table}")
+    assert len(read_messages(client, path)[0]) == 4

@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 
-from tests.conftest import ServerProcess, command_env, manage
+from tests.conftest import ServerProcess
 from tests.state.support import change, control, model, read_messages, register_ok
 from tests.tablesync.support import (
     command_fails,
     command_ok,
+    csrf,
     table_state,
     wait_until,
 )
 
 JSON = {"Content-Type": "application/json"}
-PASSWORD = "correct-horse-battery-staple"
 
 
 def unique(name: str) -> str:
@@ -230,37 +227,6 @@ def test_sink_under_concurrent_appends_survives_kill_9(
         f" second kill at {at_kill['applied_seq']} of {at_kill['tail']};"
         f" {producers.retries + more.retries} append retries"
     )
-
-
-@pytest.fixture(scope="module")
-def admin_client(server: ServerProcess, database_url: str) -> Iterator[httpx.Client]:
-    username = f"tsadmin{time.time_ns()}"
-    created = manage(
-        database_url, "createsuperuser", "--noinput", "--username", username,
-        "--email", "admin@example.com",
-        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=PASSWORD),
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    with httpx.Client(base_url=server.base_url, timeout=30, follow_redirects=True) as client:
-        login_page = client.get("/admin/login/")
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)
-        assert token is not None
-        response = client.post(
-            "/admin/login/?next=/admin/",
-            data={"csrfmiddlewaretoken": token.group(1), "username": username,
-                  "password": PASSWORD},
-            headers={"Referer": f"{server.base_url}/admin/login/"},
-        )  # fmt: skip
-        assert response.status_code == 200 and "Log out" in response.text
-        yield client
-
-
-def csrf(client: httpx.Client, url: str) -> str:
-    page = client.get(url)
-    assert page.status_code == 200, page.text[:500]
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-    assert token is not None
-    return token.group(1)
 
 
 def test_malformed_messages_are_recorded_and_shown_in_the_admin(
