@@ -201,28 +201,26 @@ async def bench_bulk(args: argparse.Namespace) -> None:
                 for i in range(args.bulk_rows):
                     await copy.write_row((i, f"bulk row {i}", i % 1000))
             copied = time.perf_counter()
-            waits = await _commit_with_probe(args.db, table, conn)
-            committed = time.perf_counter()
-            print(f"COPY {args.bulk_rows} rows, {label:9}: statement {copied - started:6.2f} s,"
-                  f" COMMIT {(committed - copied) * 1000:6.0f} ms;"
-                  f" a single-row writer waited up to {max(waits):6.0f} ms")  # fmt: skip
+            commit, waits = await _commit_with_probe(args.db, table, conn)
+            print(f"COPY {args.bulk_rows} rows, {label:10}: statement {copied - started:5.2f} s,"
+                  f" COMMIT {commit:5.0f} ms; a single-row writer of the table waited up to"
+                  f" {max(waits):5.0f} ms meanwhile")  # fmt: skip
             started = time.perf_counter()
             await conn.execute(f"UPDATE {table} SET n = n + 1, label = label || '+'")
             updated = time.perf_counter()
-            waits = await _commit_with_probe(args.db, table, conn)
-            committed = time.perf_counter()
-            print(f"UPDATE {args.bulk_rows} rows, {label:7}: statement {updated - started:6.2f} s,"
-                  f" COMMIT {(committed - updated) * 1000:6.0f} ms;"
-                  f" a single-row writer waited up to {max(waits):6.0f} ms")  # fmt: skip
+            commit, waits = await _commit_with_probe(args.db, table, conn)
+            print(f"UPDATE {args.bulk_rows} rows, {label:8}: statement {updated - started:5.2f} s,"
+                  f" COMMIT {commit:5.0f} ms; a single-row writer of the table waited up to"
+                  f" {max(waits):5.0f} ms meanwhile")  # fmt: skip
         if publish:
             manage(args.db, "unpublish_table", table)
 
 
 async def _commit_with_probe(
     db: str, table: str, conn: psycopg.AsyncConnection[Any]
-) -> list[float]:
+) -> tuple[float, list[float]]:
     """COMMIT ``conn`` while another connection inserts single rows into the same table in a
-    loop; returns the probe's commit latencies (ms) during the bulk commit."""
+    loop; returns how long the COMMIT took and the probe's latencies (ms) meanwhile."""
     done = asyncio.Event()
     waits: list[float] = [0.0]
 
@@ -238,10 +236,13 @@ async def _commit_with_probe(
 
     task = asyncio.create_task(probe())
     await asyncio.sleep(0.2)
+    started = time.perf_counter()
+    waits.clear()
     await conn.commit()
+    commit = (time.perf_counter() - started) * 1000
     done.set()
     await task
-    return waits
+    return commit, waits or [0.0]
 
 
 async def bench_sink(args: argparse.Namespace, session: aiohttp.ClientSession) -> None:
