@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "yjs",
     "spark",
     "console",
+    "tablesync",
 ]
 
 MIDDLEWARE = [
@@ -212,6 +213,12 @@ DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+
+# Table sync (tablesync/): every process checks every sink this often (besides being woken by
+# appends), and reloads the lists of sinks and published tables.
+DS_TABLESYNC_SWEEP_INTERVAL_SECS = env.float("DS_TABLESYNC__SWEEP_INTERVAL_SECS", default=5.0)
+# Messages a sink applies per transaction.
+DS_TABLESYNC_SINK_BATCH_MESSAGES = env.int("DS_TABLESYNC__SINK_BATCH_MESSAGES", default=2000)
 
 # --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
 
