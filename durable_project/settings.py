@@ -51,12 +51,16 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI's assets, served from the project (no CDN): /v1/docs works offline.
+    "drf_spectacular_sidecar",
     "rest_framework_api_key",
     "streams",
     "access",
     "state",
     "yjs",
     "spark",
+    "console",
+    "tablesync",
 ]
 
 MIDDLEWARE = [
@@ -153,7 +157,16 @@ LOGGING = {
             "level": env("DS_LOG_LEVEL", default="INFO"),
             "propagate": False,
         }
-        for name in ("streams", "state", "yjs", "spark", "access", "durable_project", "ds")
+        for name in (
+            "streams",
+            "state",
+            "yjs",
+            "spark",
+            "access",
+            "console",
+            "durable_project",
+            "ds",
+        )
     }
     # Errors of Django-served URLs (500s of the admin and the REST API), with their traceback.
     | {"django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False}},
@@ -218,6 +231,12 @@ DS_STATE_COMPACTION_MIN_EVENTS = env.int("DS_STATE__COMPACTION_MIN_EVENTS", defa
 # Deletes are kept this long by compaction (a reader resuming from before a dropped delete gets
 # 410), unless a registration says otherwise.
 DS_STATE_TOMBSTONE_SECS = env.int("DS_STATE__TOMBSTONE_SECS", default=86_400)
+
+# Table sync (tablesync/): every process checks every sink this often (besides being woken by
+# appends), and reloads the lists of sinks and published tables.
+DS_TABLESYNC_SWEEP_INTERVAL_SECS = env.float("DS_TABLESYNC__SWEEP_INTERVAL_SECS", default=5.0)
+# Messages a sink applies per transaction.
+DS_TABLESYNC_SINK_BATCH_MESSAGES = env.int("DS_TABLESYNC__SINK_BATCH_MESSAGES", default=2000)
 
 # --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
 
@@ -287,4 +306,8 @@ SPECTACULAR_SETTINGS = {
     # The API's documentation is public, whatever the access mode.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    # Swagger UI and its favicon from drf-spectacular-sidecar's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }

@@ -12,6 +12,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 
 from state.compaction import compact
@@ -106,6 +107,10 @@ class StateStreamAdmin(ReadOnlyAdmin):
                     f" {result.deleted} deleted"
                 )
         self.message_user(request, "Compacted: " + "; ".join(results), messages.SUCCESS)
+
+    def view_on_site(self, obj: StateStream) -> str:
+        """The admin's "View on site" opens the entities live in the console."""
+        return reverse("console:state", args=[obj.stream.path])
 
     @admin.display(description="schemas for")
     def schema_types(self, obj: StateStream) -> str:
