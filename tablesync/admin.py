@@ -32,6 +32,40 @@ def _label(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
+class CreatedByServiceAdmin(admin.ModelAdmin):
+    """An admin whose rows are made by a service called from the add form (``create_form``,
+    showing ``create_fields``) and never edited: an existing row shows ``readonly_fields``."""
+
+    create_form: type[forms.ModelForm]
+    create_fields: list[str]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:  # fmt: skip
+        if obj is None:
+            # A class per request: the service records who asked.
+            form = self.create_form
+            return type(form.__name__, (form,), {"created_by": _label(request)})
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return list(self.create_fields if obj is None else self.readonly_fields)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return list(self.readonly_fields) if obj is not None else []
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        # The service made the row: the admin's object becomes it.
+        created = self.created(form)
+        obj.pk = created.pk
+        obj.__dict__.update({k: v for k, v in created.__dict__.items() if k != "_state"})
+
+    def created(self, form: Any) -> Any:
+        raise NotImplementedError
+
+
 class PublishForm(forms.ModelForm):
     table = forms.CharField(help_text="table, schema.table, or a Django model app_label.Model")
     stream_path = forms.CharField(label="stream", help_text="created when missing")
@@ -69,7 +103,7 @@ class PublishForm(forms.ModelForm):
 
 
 @admin.register(TablePublication)
-class TablePublicationAdmin(admin.ModelAdmin):
+class TablePublicationAdmin(CreatedByServiceAdmin):
     list_display = ["table_name", "table_present", "stream_link", "entity_type", "key",
                     "published_columns", "snapshot_rows", "created_at", "created_by"]  # fmt: skip
     search_fields = ["table_name", "stream__path"]
@@ -80,28 +114,14 @@ class TablePublicationAdmin(admin.ModelAdmin):
                        "published_columns", "max_stream_bytes", "snapshot_rows", "created_at",
                        "created_by"]  # fmt: skip
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
-                 **kwargs: Any) -> Any:  # fmt: skip
-        if obj is None:
-            # A class per request: the service records who asked.
-            return type(PublishForm.__name__, (PublishForm,), {"created_by": _label(request)})
-        return super().get_form(request, obj, change, **kwargs)
+    create_form = PublishForm
+    create_fields = ["table", "stream_path", "entity_type_name", "column_list", "snapshot"]
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None:
-            return ["table", "stream_path", "entity_type_name", "column_list", "snapshot"]
-        return list(self.readonly_fields)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return list(self.readonly_fields) if obj is not None else []
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    def created(self, form: Any) -> TablePublication:
+        return form.published.publication
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        created = form.published.publication
-        obj.pk = created.pk
-        obj.__dict__.update({k: v for k, v in created.__dict__.items() if k != "_state"})
+        super().save_model(request, obj, form, change)
         messages.info(request, _published_message(form.published))
 
     def delete_model(self, request: HttpRequest, obj: TablePublication) -> None:
@@ -202,7 +222,7 @@ class SinkForm(forms.ModelForm):
 
 
 @admin.register(StreamSink)
-class StreamSinkAdmin(admin.ModelAdmin):
+class StreamSinkAdmin(CreatedByServiceAdmin):
     list_display = ["id", "stream_path", "table_name", "mode", "state", "applied_offset",
                     "behind", "error_count", "failing"]  # fmt: skip
     list_filter = ["state", "mode"]
@@ -214,28 +234,12 @@ class StreamSinkAdmin(admin.ModelAdmin):
                        "behind", "error_count", "last_error", "last_error_at", "recent_errors",
                        "created_at", "created_by"]  # fmt: skip
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
-                 **kwargs: Any) -> Any:  # fmt: skip
-        if obj is None:
-            # A class per request: the service records who asked.
-            return type(SinkForm.__name__, (SinkForm,), {"created_by": _label(request)})
-        return super().get_form(request, obj, change, **kwargs)
+    create_form = SinkForm
+    create_fields = ["stream_path_field", "table", "mapping_lines", "sink_mode", "key",
+                     "entity_type_name", "offset_column_name", "start", "create_table"]  # fmt: skip
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None:
-            return ["stream_path_field", "table", "mapping_lines", "sink_mode", "key",
-                    "entity_type_name", "offset_column_name", "start", "create_table"]  # fmt: skip
-        return list(self.readonly_fields)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return list(self.readonly_fields) if obj is not None else []
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        obj.pk = form.sink.pk
-        obj.__dict__.update({k: v for k, v in form.sink.__dict__.items() if k != "_state"})
+    def created(self, form: Any) -> StreamSink:
+        return form.sink
 
     def delete_model(self, request: HttpRequest, obj: StreamSink) -> None:
         sinks.drop_sink(obj)

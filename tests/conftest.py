@@ -8,6 +8,7 @@ tests talk to it over real HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -76,6 +77,35 @@ def manage(
         timeout=timeout,
         check=False,
     )
+
+
+ADMIN_PASSWORD = "correct-horse-battery-staple"
+
+
+@contextlib.contextmanager
+def admin_session(
+    base_url: str, database_url: str, username: str, timeout: float = 30
+) -> Iterator[httpx.Client]:
+    """A new superuser ``username``, logged in through the admin's form; the client follows
+    redirects."""
+    created = manage(
+        database_url, "createsuperuser", "--noinput", "--username", username,
+        "--email", "admin@example.com",
+        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=ADMIN_PASSWORD),
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    with httpx.Client(base_url=base_url, timeout=timeout, follow_redirects=True) as client:
+        login_page = client.get("/admin/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)
+        assert token is not None
+        response = client.post(
+            "/admin/login/?next=/admin/",
+            data={"csrfmiddlewaretoken": token.group(1), "username": username,
+                  "password": ADMIN_PASSWORD},
+            headers={"Referer": f"{base_url}/admin/login/"},
+        )  # fmt: skip
+        assert response.status_code == 200 and "Log out" in response.text
+        yield client
 
 
 def run_node(script: Path, *args: str, timeout: float = 90) -> Any:

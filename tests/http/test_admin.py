@@ -12,36 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import command_env, manage
+from tests.conftest import admin_session
 from tests.state.support import change
 from tests.yjs.support import frames
-
-PASSWORD = "correct-horse-battery-staple"
 
 
 @pytest.fixture(scope="module")
 def admin_client(server: Any, database_url: str) -> Iterator[httpx.Client]:
-    username = f"admin{time.time_ns()}"
-    created = manage(
-        database_url, "createsuperuser", "--noinput", "--username", username,
-        "--email", "admin@example.com",
-        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=PASSWORD),
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    with httpx.Client(base_url=server.base_url, timeout=10, follow_redirects=True) as client:
-        login_page = client.get("/admin/login/")
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)
-        assert token is not None
-        response = client.post(
-            "/admin/login/?next=/admin/",
-            data={
-                "csrfmiddlewaretoken": token.group(1),
-                "username": username,
-                "password": PASSWORD,
-            },
-            headers={"Referer": f"{server.base_url}/admin/login/"},
-        )
-        assert response.status_code == 200 and "Log out" in response.text
+    with admin_session(server.base_url, database_url, f"admin{time.time_ns()}", 10) as client:
         yield client
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from streams import lifecycle
 from streams.errors import NotFound
 from streams.http.app import serve
 
@@ -47,7 +48,12 @@ async def _drive(handler: Any, method: str = "GET") -> list[dict[str, Any]]:
             raise RuntimeError("second response start")
         sent.append(message)
 
-    await serve(_scope(method), receive, send, handler)
+    try:
+        await serve(_scope(method), receive, send, handler)
+    finally:
+        # serve() starts the process's background work, as a server's first request does; it
+        # stops as a server's does (the database pool's workers outlive a loop left open).
+        await lifecycle.shutdown()
     return sent
 
 
