@@ -111,7 +111,7 @@ def _sinkable_stream(path: str) -> Stream:
 
 def _start(stream: Stream, start: str) -> tuple[int, int]:
     if start == BEGINNING:
-        return 0, 0
+        return stream.first_seq, stream.first_pos
     if start == NOW:
         return stream.next_seq, stream.next_pos
     offset = parse(start)

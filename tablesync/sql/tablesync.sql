@@ -607,6 +607,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     k ds_stream_sink;
     s ds_stream;
+    v_from bigint;
     v_to bigint;
     v_pos bigint;
     v_errors bigint;
@@ -625,13 +626,32 @@ BEGIN
          WHERE id = k.id;
         RETURN 0;
     END IF;
-    v_to := least(s.next_seq, k.applied_seq + p_limit);
-    IF v_to <= k.applied_seq THEN
+    v_from := k.applied_seq;
+    v_errors := 0;
+    IF v_from < s.first_seq THEN
+        -- Trimmed (retention, an explicit trim) before this sink applied them: gone for every
+        -- reader, and perhaps purged already. The gap is recorded once, as an error with its
+        -- offsets, and the sink goes on from the stream's first retained message.
+        INSERT INTO ds_sink_error (sink_id, seq, message_offset, sqlstate, error, message)
+        VALUES (k.id, v_from, ds_offset(v_from, k.applied_pos), '',
+                format('%s messages, from offset %s to %s, were trimmed from the stream before'
+                       ' this sink applied them', s.first_seq - v_from,
+                       ds_offset(v_from, k.applied_pos), ds_offset(s.first_seq, s.first_pos)),
+                '');
+        v_from := s.first_seq;
+        v_errors := 1;
+    END IF;
+    v_to := least(s.next_seq, v_from + p_limit);
+    IF v_to <= v_from AND v_errors = 0 THEN
         RETURN 0;
     END IF;
-    v_errors := ds_sink_apply_isolating(k, ds_sink_statement(k), k.applied_seq, v_to);
-    SELECT m.pos + octet_length(m.data) INTO STRICT v_pos FROM ds_message AS m
-     WHERE m.stream_id = k.stream_id AND m.seq = v_to - 1;
+    IF v_to > v_from THEN
+        v_errors := v_errors + ds_sink_apply_isolating(k, ds_sink_statement(k), v_from, v_to);
+    END IF;
+    -- Where the next message starts: compaction of a state stream leaves gaps in seq.
+    v_pos := coalesce((SELECT m.pos FROM ds_message AS m
+                        WHERE m.stream_id = k.stream_id AND m.seq >= v_to
+                        ORDER BY m.seq LIMIT 1), s.next_pos);
     UPDATE ds_stream_sink
        SET applied_seq = v_to, applied_pos = v_pos, applied_at = now(),
            error_count = error_count + v_errors, last_error = ''

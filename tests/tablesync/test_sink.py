@@ -461,3 +461,51 @@ def test_sink_from_now_and_a_deleted_stream(
     assert any(s["stream"] == path and s["state"] == "stream_gone" for s in status["sinks"])
     command_ok(database_url, "unsink_stream", path, "--table", table)
     assert pg.execute(f"SELECT v FROM {table}").fetchall() == [("after",)]
+
+
+def test_a_sink_behind_a_trim_records_the_gap_and_goes_on(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """Messages trimmed (and purged) before a paused sink applied them are gone for every
+    reader: on resuming, the sink records the gap once, as an error with its offsets, and
+    applies what the stream still holds; a sink bound from the beginning of a trimmed stream
+    starts at its first retained message, with no gap to record."""
+    path = f"tablesync/{unique('trimmed')}"
+    table = unique("trimmed")
+    client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": "a0"}]))
+    command_ok(database_url, "sink_stream", path, "--table", table, "--create", "--map", "v::text")
+    wait_until(lambda: caught_up(pg, path), "the sink applies the first message")
+    pg.execute("UPDATE ds_stream_sink SET state = 'paused' WHERE stream_path = %s", [path])
+    offsets = []
+    for n in range(1, 6):
+        response = client.post(
+            f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": f"a{n}"}])
+        )
+        offsets.append(response.headers["Stream-Next-Offset"])
+    # Trim before a4: a1 to a3 go, and are purged (no fork reads them).
+    trimmed = client.post(f"/v1/stream/{path}", headers={"Stream-Trim-Before": offsets[2]})
+    assert trimmed.status_code == 204, trimmed.text
+    wait_until(lambda: [m["v"] for _, m in stored_messages(pg, path)] == ["a4", "a5"], "the purge")
+    pg.execute("UPDATE ds_stream_sink SET state = 'active' WHERE stream_path = %s", [path])
+    wait_until(lambda: caught_up(pg, path), "the resumed sink reaches the tail")
+    assert pg.execute(f"SELECT v FROM {table} ORDER BY v").fetchall() == [("a0",), ("a4",), ("a5",)]
+    sink = sink_row(pg, path)
+    assert sink["state"] == "active" and sink["errors"] == 1
+    errors = pg.execute(
+        "SELECT seq, error FROM ds_sink_error WHERE sink_id = %s", [sink["id"]]
+    ).fetchall()
+    assert len(errors) == 1 and errors[0][0] == 1 and "3 messages" in errors[0][1], errors
+    assert offsets[2] in errors[0][1]
+
+    # Bound from the beginning of the trimmed stream: its retained messages, no error.
+    again = unique("trimmed")
+    command_ok(database_url, "sink_stream", path, "--table", again, "--create", "--map", "v::text")
+    wait_until(
+        lambda: pg.execute(f"SELECT count(*) FROM {again}").fetchone()[0] == 2,  # type: ignore[index]
+        "the second sink applies the retained messages",
+    )
+    row = pg.execute(
+        "SELECT error_count FROM ds_stream_sink WHERE stream_path = %s AND table_name = %s",
+        [path, again],
+    ).fetchone()
+    assert row == (0,)
