@@ -14,7 +14,7 @@ BENCH_JS_STAMP := $(BENCH_JS_DIR)/node_modules/.installed
 	bench-compare db db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
-TYPED := durable_project streams state yjs spark access
+TYPED := durable_project streams state yjs spark access subscriptions
 
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).
