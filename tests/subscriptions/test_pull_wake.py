@@ -161,11 +161,15 @@ def test_a_missing_wake_stream_is_recorded_and_the_wake_stays_claimable(
     )
     assert created.status_code == 201
     client.put(f"/v1/stream/{prefix}/s", content=b"x", headers={"Content-Type": "text/plain"})
-    wait_until(lambda: claim(client, sub, "w").status_code == 200)
+
+    def last_error() -> str:
+        query = "SELECT last_error FROM ds_subscription WHERE subscription_id = %s"
+        return pg.execute(query, (sub,)).fetchone()[0]
+
+    wait_until(lambda: last_error() != "")
+    error = last_error()
+    assert claim(client, sub, "w").status_code == 200
     assert get_subscription(client, sub)["status"] == "active"
-    (error,) = pg.execute(
-        "SELECT last_error FROM ds_subscription WHERE subscription_id = %s", (sub,)
-    ).fetchone()
     assert error == f"the wake stream {prefix}/w does not exist"
 
 
