@@ -53,9 +53,11 @@ def address_class(address: IPAddress) -> str | None:
         return "multicast"
     if isinstance(address, ipaddress.IPv4Address) and address in _SHARED:
         return "shared (carrier-grade NAT)"
+    if address.is_reserved:
+        return "reserved"
     if address.is_private:
         return "private"
-    if address.is_reserved or not address.is_global:
+    if not address.is_global:
         return "reserved"
     return None
 
