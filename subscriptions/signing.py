@@ -39,7 +39,7 @@ TOKEN_SECONDS = 24 * 3600
 CALLBACK = "callback"
 CLAIM = "claim"
 # How long a process keeps using the signing key it loaded (a rotation takes effect after it).
-KEY_CACHE_SECONDS = 30.0
+KEY_CACHE_SECONDS = 5.0
 
 
 def b64url(data: bytes) -> str:

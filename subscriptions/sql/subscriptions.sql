@@ -653,3 +653,14 @@ BEGIN
     PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
 END;
 $$;
+
+-- A webhook retry due now rather than at its scheduled time (the status stays failed until a
+-- delivery succeeds).
+CREATE OR REPLACE FUNCTION ds_sub_retry_now(p_sid bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ds_subscription SET next_attempt_at = now()
+     WHERE id = p_sid AND next_attempt_at > now();
+    PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
+END;
+$$;
