@@ -337,8 +337,11 @@ $$;
 
 -- Wake these subscriptions if they are idle with pending work (a NOTIFY of an append, the
 -- sweep): locked in id order, waiting for a lock held by another process's change, so that
--- a wake ending there and an append committing meanwhile are both seen. Returns what this
--- process must now send: one delivery per webhook wake issued.
+-- a wake ending there and an append committing meanwhile are both seen. Whether a wake is in
+-- flight is judged only once the row is locked: a condition in the WHERE clause would be
+-- judged on the snapshot taken before the wait, and a wake ended meanwhile (by a done that
+-- did not see the append) would leave the append unwoken until the sweep (measured: 1% of
+-- wakes 1 s late). Returns what this process must now send: one delivery per webhook wake.
 CREATE OR REPLACE FUNCTION ds_sub_wake(
     p_sids bigint[], p_sender text, p_send_secs float8, p_max_bytes bigint
 ) RETURNS SETOF jsonb
@@ -347,9 +350,7 @@ DECLARE
     s ds_subscription;
     r ds_subscription;
 BEGIN
-    FOR s IN SELECT * FROM ds_subscription
-              WHERE id = ANY (p_sids) AND wake_id IS NULL AND NOT paused
-              ORDER BY id FOR UPDATE
+    FOR s IN SELECT * FROM ds_subscription WHERE id = ANY (p_sids) ORDER BY id FOR UPDATE
     LOOP
         r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
         IF r.id IS NOT NULL AND r.type = 'webhook' THEN

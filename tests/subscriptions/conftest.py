@@ -39,13 +39,13 @@ def own_database(database_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def own_servers(own_database: str, tmp_path: Path) -> Iterator[StartServer]:
-    """Factory: ``own_servers(env={...})`` starts a server (uvicorn, one process) on the
+    """Factory: ``own_servers(env={...}, workers=1)`` starts a server (uvicorn) on the
     module's database; all are stopped at the end of the test."""
     started: list[ServerProcess] = []
 
-    def start(env: dict[str, str | None] | None = None) -> ServerProcess:
+    def start(env: dict[str, str | None] | None = None, workers: int = 1) -> ServerProcess:
         log = tmp_path / f"server-{len(started)}.log"
-        server = ServerProcess(own_database, env or {}, log, "uvicorn")
+        server = ServerProcess(own_database, env or {}, log, "uvicorn", workers)
         started.append(server)
         return server
 

@@ -90,6 +90,35 @@ def test_each_delivery_checks_the_url_again(own_servers: StartServer, own_databa
         receiver.close()
 
 
+def test_an_append_right_after_a_done_is_woken_without_the_sweep(
+    own_servers: StartServer,
+) -> None:
+    """Two worker processes and no sweep at all: every append made as soon as the previous
+    webhook arrived (while its done is being recorded, by either process) must be woken by its
+    notification alone. Before the fix, a wake attempt that read the subscription as busy
+    before the done committed skipped it, the done had not seen the append yet, and the
+    append waited for the sweep (about 1% of 300 rounds; without a sweep, forever)."""
+    receiver = Receiver(lambda r: (200, {"done": True}))
+    try:
+        server = own_servers(env={"DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS": "0"}, workers=2)
+        sub = f"race-{time.time_ns()}"
+        path = f"{sub}/s"
+        with httpx.Client(base_url=server.base_url, timeout=30) as client:
+            client.put(f"/v1/stream/{path}", headers={"Content-Type": "text/plain"})
+            config = {"type": "webhook", "streams": [path], "webhook": {"url": receiver.url}}
+            assert put_subscription(client, sub, **config).status_code == 201
+            for _ in range(200):
+                tail = client.post(f"/v1/stream/{path}", content=b"x",
+                                   headers={"Content-Type": "text/plain"}
+                                   ).headers["Stream-Next-Offset"]  # fmt: skip
+                receiver.wait_for(
+                    lambda got, tail=tail: any(r.stream(path)["tail_offset"] >= tail for r in got),
+                    timeout=10,
+                )
+    finally:
+        receiver.close()
+
+
 class Appender:
     """Appends through whichever servers are alive, as an idempotent producer, retrying a
     request that met a dead server through another (the same Producer-Seq: stored once)."""
