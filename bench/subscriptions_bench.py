@@ -147,7 +147,7 @@ class Bench:
         label = "one" if one_subscription else "many"
         names = [f"{label}/s{i}" for i in range(streams)]
         for batch in range(0, streams, 100):
-            await asyncio.gather(*(self.create(self.stream(n)) for n in names[batch:batch + 100]))
+            await asyncio.gather(*(self.create(self.stream(n)) for n in names[batch : batch + 100]))
         if one_subscription:
             await self.subscribe(f"{self.run}-{label}", pattern=f"{self.run}/{label}/**")
         else:

@@ -89,6 +89,12 @@ class Subscription(models.Model):
                 name="ds_subscription_retry",
                 condition=models.Q(next_attempt_at__isnull=False),
             ),
+            # Pattern subscriptions, matched against every stream created (usually few).
+            models.Index(
+                fields=["id"],
+                name="ds_subscription_patterns",
+                condition=models.Q(pattern_regex__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

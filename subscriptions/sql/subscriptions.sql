@@ -151,6 +151,8 @@ $$;
 
 -- Create, or re-confirm with the same configuration hash (6.2). New links start at the
 -- stream's tail: explicit streams, and existing streams the pattern matches (the backfill).
+-- Only a pattern needs the link lock (ds_sub_link_lock); two creations of one id race on the
+-- unique id, and the loser answers as if it had come second.
 CREATE OR REPLACE FUNCTION ds_sub_create(
     p_id text, p_type text, p_pattern text, p_regex text, p_prefix text, p_streams text[],
     p_url text, p_wake_stream text, p_lease_ttl_ms int, p_description text, p_hash text,
@@ -161,13 +163,15 @@ DECLARE
     v_sid bigint;
     v_hash text;
 BEGIN
-    PERFORM pg_advisory_xact_lock(ds_sub_link_lock());
     SELECT id, config_hash INTO v_sid, v_hash FROM ds_subscription WHERE subscription_id = p_id;
     IF FOUND THEN
         RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
     END IF;
     IF p_wake_stream = ANY (p_streams) THEN
         RETURN 'invalid_stream';
+    END IF;
+    IF p_regex IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(ds_sub_link_lock());
     END IF;
     INSERT INTO ds_subscription (
         subscription_id, type, pattern, pattern_regex, pattern_prefix, webhook_url, wake_stream,
@@ -176,7 +180,12 @@ BEGIN
     ) VALUES (
         p_id, p_type, p_pattern, p_regex, coalesce(p_prefix, ''), p_url, p_wake_stream,
         p_lease_ttl_ms, p_description, p_hash, p_base_url, now(), p_created_by, false, 0, 0, ''
-    ) RETURNING id INTO v_sid;
+    ) ON CONFLICT (subscription_id) DO NOTHING
+    RETURNING id INTO v_sid;
+    IF v_sid IS NULL THEN
+        SELECT config_hash INTO v_hash FROM ds_subscription WHERE subscription_id = p_id;
+        RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
+    END IF;
     INSERT INTO ds_subscription_link (sid, path, explicit, glob, acked_seq, acked_pos)
     SELECT v_sid, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
       FROM unnest(p_streams) AS p(path)
@@ -419,28 +428,31 @@ BEGIN
         RETURN NULL;
     END IF;
     IF p_error IS NOT NULL THEN
-        PERFORM ds_sub_end_wake(s.id);
         UPDATE ds_subscription
-           SET failed_attempts = s.failed_attempts + 1,
+           SET wake_id = NULL, wake_state = NULL, holder = NULL, lease_expires_at = NULL,
+               sender = NULL, send_deadline = NULL, wake_streams = NULL,
+               failed_attempts = s.failed_attempts + 1,
                next_attempt_at = now() + ds_sub_retry_delay(s.failed_attempts + 1, p_jitter),
                last_error = p_error, last_error_at = now()
          WHERE id = s.id;
         RETURN NULL;
-    END IF;
-    UPDATE ds_subscription
-       SET failed_attempts = 0, next_attempt_at = NULL, last_delivered_at = now()
-     WHERE id = s.id;
-    IF NOT p_done THEN
+    ELSIF NOT p_done THEN
         UPDATE ds_subscription
            SET wake_state = 'waiting', sender = NULL, send_deadline = NULL,
                lease_expires_at = coalesce(
-                   lease_expires_at, now() + make_interval(secs => s.lease_ttl_ms / 1000.0))
+                   lease_expires_at, now() + make_interval(secs => s.lease_ttl_ms / 1000.0)),
+               failed_attempts = 0, next_attempt_at = NULL, last_delivered_at = now()
          WHERE id = s.id;
         RETURN NULL;
     END IF;
     PERFORM ds_sub_ack_reported(s);
-    PERFORM ds_sub_end_wake(s.id);
-    SELECT * INTO s FROM ds_subscription WHERE id = p_sid;
+    -- One new version of the row: the wake ends, the delivery succeeded.
+    UPDATE ds_subscription
+       SET wake_id = NULL, wake_state = NULL, holder = NULL, lease_expires_at = NULL,
+           sender = NULL, send_deadline = NULL, wake_streams = NULL,
+           failed_attempts = 0, next_attempt_at = NULL, last_delivered_at = now()
+     WHERE id = s.id
+    RETURNING * INTO s;
     r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
     RETURN CASE WHEN r.id IS NOT NULL THEN ds_sub_delivery(r) END;
 END;

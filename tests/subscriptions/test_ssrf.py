@@ -48,10 +48,13 @@ REFUSED = [
 
 @pytest.fixture(scope="module")
 def production(start_server: Any) -> Iterator[httpx.Client]:
-    """A server as production runs it: no loopback exception for webhooks."""
+    """A server as production runs it: no loopback exception for webhooks. Stopped after the
+    module: it would refuse to deliver the loopback webhooks of later tests' subscriptions
+    (every server of a database takes part in delivering its wakes)."""
     server = start_server(env={"DS_SUBSCRIPTIONS__ALLOW_LOOPBACK_WEBHOOKS": None})
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         yield client
+    server.stop()
 
 
 def _webhook(client: httpx.Client, sub: str, url: str) -> httpx.Response:
