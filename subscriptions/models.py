@@ -34,7 +34,7 @@ class Subscription(models.Model):
     # The pattern as a regular expression over "/" || path (subscriptions.protocol.glob_regex),
     # and the literal beginning every match shares (a cheap test before the expression).
     pattern_regex = models.TextField(null=True, blank=True)
-    pattern_prefix = models.TextField(default="", blank=True)
+    pattern_prefix = models.TextField(null=True, blank=True)
     webhook_url = models.TextField(null=True, blank=True)
     wake_stream = models.TextField(null=True, blank=True)
     lease_ttl_ms = models.IntegerField()
@@ -89,9 +89,10 @@ class Subscription(models.Model):
                 name="ds_subscription_retry",
                 condition=models.Q(next_attempt_at__isnull=False),
             ),
-            # Pattern subscriptions, matched against every stream created (usually few).
+            # Pattern subscriptions by literal beginning: every stream created looks up those
+            # that may match it (ds_sub_stream_created).
             models.Index(
-                fields=["id"],
+                fields=["pattern_prefix"],
                 name="ds_subscription_patterns",
                 condition=models.Q(pattern_regex__isnull=False),
             ),

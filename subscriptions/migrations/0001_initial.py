@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
                 ('type', models.TextField(choices=[('webhook', 'webhook'), ('pull-wake', 'pull-wake')])),
                 ('pattern', models.TextField(blank=True, null=True)),
                 ('pattern_regex', models.TextField(blank=True, null=True)),
-                ('pattern_prefix', models.TextField(blank=True, default='')),
+                ('pattern_prefix', models.TextField(blank=True, null=True)),
                 ('webhook_url', models.TextField(blank=True, null=True)),
                 ('wake_stream', models.TextField(blank=True, null=True)),
                 ('lease_ttl_ms', models.IntegerField()),
@@ -70,7 +70,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'db_table': 'ds_subscription',
-                'indexes': [models.Index(condition=models.Q(('lease_expires_at__isnull', False)), fields=['lease_expires_at'], name='ds_subscription_lease'), models.Index(condition=models.Q(('send_deadline__isnull', False)), fields=['send_deadline'], name='ds_subscription_sending'), models.Index(condition=models.Q(('next_attempt_at__isnull', False)), fields=['next_attempt_at'], name='ds_subscription_retry'), models.Index(condition=models.Q(('pattern_regex__isnull', False)), fields=['id'], name='ds_subscription_patterns')],
+                'indexes': [models.Index(condition=models.Q(('lease_expires_at__isnull', False)), fields=['lease_expires_at'], name='ds_subscription_lease'), models.Index(condition=models.Q(('send_deadline__isnull', False)), fields=['send_deadline'], name='ds_subscription_sending'), models.Index(condition=models.Q(('next_attempt_at__isnull', False)), fields=['next_attempt_at'], name='ds_subscription_retry'), models.Index(condition=models.Q(('pattern_regex__isnull', False)), fields=['pattern_prefix'], name='ds_subscription_patterns')],
             },
         ),
         migrations.CreateModel(

@@ -41,8 +41,33 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- Triggers on ds_stream
 
+-- The literal beginnings a pattern matching p_path can have (subscriptions.protocol
+-- .glob_prefix): '', each run of whole segments with its '/', the path itself (a pattern
+-- without wildcards) and the path with a '/' ('a/' of 'a/**', whose '**' matches no segment
+-- at all, so 'a' itself). Looked up in an index, so a stream's creation costs the same with 10
+-- or 100,000 pattern subscriptions.
+-- plpgsql, not sql: an SQL function with a query is planned at every call (80 us here). Not
+-- IMMUTABLE: folded into a constant, it made each caller's plan a custom one, planned anew at
+-- every stream creation (300 us).
+CREATE OR REPLACE FUNCTION ds_sub_prefixes(p_path text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_parts text[] := string_to_array(p_path, '/');
+    v_prefix text := '';
+    v_prefixes text[] := ARRAY['', p_path, p_path || '/'];
+BEGIN
+    FOR n IN 1 .. cardinality(v_parts) - 1 LOOP
+        v_prefix := v_prefix || v_parts[n] || '/';
+        v_prefixes := v_prefixes || v_prefix;
+    END LOOP;
+    RETURN v_prefixes;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION ds_sub_stream_created() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
 BEGIN
     IF NOT ds_sub_followable(NEW.path) THEN
         RETURN NULL;
@@ -51,13 +76,20 @@ BEGIN
     -- Links kept by path (explicit links, links of a deleted stream) start at the new tail.
     UPDATE ds_subscription_link SET acked_seq = NEW.next_seq, acked_pos = NEW.next_pos
      WHERE path = NEW.path;
-    INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
-    SELECT s.id, NEW.path, false, true, NEW.next_seq, NEW.next_pos
-      FROM ds_subscription AS s
-     WHERE s.pattern_regex IS NOT NULL AND starts_with(NEW.path, s.pattern_prefix)
-       AND ('/' || NEW.path) ~ s.pattern_regex
-       AND NEW.path IS DISTINCT FROM s.wake_stream
-    ON CONFLICT (sid, path) DO UPDATE SET glob = true;
+    -- Candidates by literal beginning first, then their regular expression (compiled for each
+    -- row it is tried on: 9 ms for 1,000 patterns, against microseconds for the prefixes); an
+    -- insert only for a match (an INSERT ... ON CONFLICT costs its planning even with no row).
+    FOR s IN SELECT c.id, c.pattern_regex, c.wake_stream
+               FROM unnest(ds_sub_prefixes(NEW.path)) AS p(prefix)
+               JOIN ds_subscription AS c
+                 ON c.pattern_prefix = p.prefix AND c.pattern_regex IS NOT NULL
+    LOOP
+        IF ('/' || NEW.path) ~ s.pattern_regex AND NEW.path IS DISTINCT FROM s.wake_stream THEN
+            INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
+            VALUES (s.id, NEW.path, false, true, NEW.next_seq, NEW.next_pos)
+            ON CONFLICT (sid, path) DO UPDATE SET glob = true;
+        END IF;
+    END LOOP;
     RETURN NULL;
 END;
 $$;
@@ -178,7 +210,7 @@ BEGIN
         lease_ttl_ms, description, config_hash, base_url, created_at, created_by, paused,
         generation, failed_attempts, last_error
     ) VALUES (
-        p_id, p_type, p_pattern, p_regex, coalesce(p_prefix, ''), p_url, p_wake_stream,
+        p_id, p_type, p_pattern, p_regex, p_prefix, p_url, p_wake_stream,
         p_lease_ttl_ms, p_description, p_hash, p_base_url, now(), p_created_by, false, 0, 0, ''
     ) ON CONFLICT (subscription_id) DO NOTHING
     RETURNING id INTO v_sid;
@@ -195,7 +227,8 @@ BEGIN
         SELECT v_sid, t.path, false, true, t.next_seq, t.next_pos
           FROM ds_stream AS t
          WHERE t.deleted_at IS NULL AND ds_sub_followable(t.path)
-           AND starts_with(t.path, coalesce(p_prefix, '')) AND ('/' || t.path) ~ p_regex
+           -- || '/': the prefix 'a/' of 'a/**' begins the path 'a' it matches.
+           AND starts_with(t.path || '/', p_prefix) AND ('/' || t.path) ~ p_regex
            AND t.path IS DISTINCT FROM p_wake_stream
         ON CONFLICT (sid, path) DO UPDATE SET glob = true;
     END IF;

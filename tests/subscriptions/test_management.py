@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from subscriptions.protocol import glob_matches
 from tests.subscriptions.support import (
     CONTROL,
     Receiver,
@@ -124,6 +125,58 @@ def test_globs_backfill_at_the_tail_and_link_new_streams_from_their_start(
         "has_pending": True,
     }
     assert wake.stream(f"{prefix}/a/x")["has_pending"] is False
+
+
+# Stream paths under the test's prefix (the prefix itself is ""), each created as a stream.
+SHAPE_PATHS = ("", "a", "a/c", "ab/c", "a/b", "a/b/c", "a/x/c", "x/c", "a/b/c/d", "leaf", "a/leaf")
+
+
+@pytest.mark.parametrize("streams_first", [True, False], ids=["backfilled", "created-later"])
+def test_patterns_of_every_prefix_shape_link_exactly_their_matches(
+    client: httpx.Client, receiver: Receiver, prefix: str, streams_first: bool
+) -> None:
+    """PROTOCOL.md 6.2: whatever the pattern's literal beginning (none, whole segments, the
+    whole path; ``**`` standing for no segment at all, so ``p/a/**`` matches ``p/a``), a
+    subscription follows exactly the streams the glob matches, whether they existed before it
+    (the backfill) or were created after it (the trigger, which finds candidates by prefix)."""
+    leaf = f"{prefix}-leaf"
+    paths = [f"{prefix}/{p}".rstrip("/").replace("leaf", leaf) for p in SHAPE_PATHS] + [leaf]
+    patterns = {
+        "mid-star": f"{prefix}/a/*/c",
+        "tail-globstar": f"{prefix}/a/**",
+        "root-globstar": f"{prefix}/**",
+        "root-star": f"{prefix}/*",
+        "inner-globstar": f"{prefix}/**/c",
+        "exact": f"{prefix}/a/c",
+        "leading-star": f"*/{leaf}",
+        "leading-globstar": f"**/{leaf}",
+    }
+
+    def create_streams() -> None:
+        for path in paths:
+            created = client.put(f"/v1/stream/{path}", headers={"Content-Type": "text/plain"})
+            assert created.status_code == 201, (path, created.text)
+
+    if streams_first:
+        create_streams()
+    subs = {name: f"{prefix}-{name}" for name in [*patterns, "explicit"]}
+    try:
+        for name, pattern in patterns.items():
+            made = put_subscription(client, subs[name], **webhook(receiver, pattern=pattern))
+            assert made.status_code == 201, made.text
+        explicit = [f"{prefix}/a/c", f"{prefix}/missing"]
+        made = put_subscription(client, subs["explicit"], **webhook(receiver, streams=explicit))
+        assert made.status_code == 201, made.text
+        if not streams_first:
+            create_streams()
+        for name, pattern in patterns.items():
+            expected = {path for path in paths if glob_matches(pattern, path)}
+            assert expected, name
+            assert set(acked(client, subs[name])) == expected, name
+        assert set(acked(client, subs["explicit"])) == set(explicit)
+    finally:
+        for sub in subs.values():
+            client.delete(f"{CONTROL}/subscriptions/{sub}")
 
 
 def test_explicit_links_added_and_removed_keep_glob_links(
