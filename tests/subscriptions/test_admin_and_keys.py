@@ -9,6 +9,7 @@ import time
 
 import httpx
 
+from subscriptions.signing import KEY_CACHE_SECONDS
 from tests.conftest import manage
 from tests.http.test_admin import admin_client, run_action
 from tests.subscriptions.support import (
@@ -112,8 +113,14 @@ def test_rotation_publishes_first_then_signs(client: httpx.Client, database_url:
 
         client.put(f"/v1/stream/{prefix}/s", headers={"Content-Type": "text/plain"})
         wait_until(signed_with_new_key, timeout=60, interval=0.5)
-        shown = client.get(f"{CONTROL}/subscriptions/{sub}").json()["webhook"]["signing"]["kid"]
-        assert shown == new_kid
+
+        # Each server process keeps its key KEY_CACHE_SECONDS: the one answering this GET may
+        # not be the one that sent the webhook above, and may still show the old key a while.
+        def shown_kid() -> str:
+            view = client.get(f"{CONTROL}/subscriptions/{sub}").json()
+            return str(view["webhook"]["signing"]["kid"])
+
+        wait_until(lambda: shown_kid() == new_kid, timeout=3 * KEY_CACHE_SECONDS, interval=0.2)
         pruned = manage(database_url, "rotate_webhook_key", "--prune")
         assert pruned.returncode == 0 and pruned.stdout.startswith("pruned 0 key(s)")
     finally:
