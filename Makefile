@@ -10,11 +10,11 @@ JS_STAMP := $(JS_DIR)/node_modules/.installed
 BENCH_JS_DIR := bench/js
 BENCH_JS_STAMP := $(BENCH_JS_DIR)/node_modules/.installed
 
-.PHONY: setup test-setup run serve test test-faults test-fuzz load-sse lint format bench \
-	bench-compare db db-stop clean
+.PHONY: setup test-setup run serve test test-browser-load test-faults test-fuzz load-sse lint \
+	format bench bench-compare db db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
-TYPED := durable_project streams state yjs spark access subscriptions
+TYPED := durable_project streams state yjs spark access subscriptions console tablesync
 
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).
@@ -31,8 +31,10 @@ $(PY_STAMP): requirements.txt requirements-dev.txt
 .env:
 	@echo "DJANGO_DEBUG=true" > $@
 
-## Node packages the tests drive (conformance suite, official clients).
+## Node packages the tests drive (conformance suite, official clients) and what else the tests
+## need of the system (Node.js, Chromium for tests/browser).
 test-setup: setup $(JS_STAMP)
+	@scripts/setup-system.sh --test
 
 $(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
 	@scripts/setup-system.sh --test
@@ -56,8 +58,16 @@ serve: setup .secret-key
 .secret-key:
 	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
 
+## The browser tests' load test appends 200 messages/s for this many seconds (make test keeps
+## it short; make test-browser-load runs the full 30 s).
+BROWSER_LOAD_SECONDS ?= 10
 test: test-setup
-	$(PY) -m pytest
+	CONSOLE_LOAD_SECONDS=$(BROWSER_LOAD_SECONDS) $(PY) -m pytest
+
+## The console in a real browser under load (tests/browser/test_console_load.py): 200 appends/s
+## for 30 s while the stream's page follows; every message must arrive, clicks answered < 200 ms.
+test-browser-load: test-setup
+	CONSOLE_LOAD_SECONDS=30 $(PY) -m pytest tests/browser/test_console_load.py -v -s
 
 ## The fault suite at full strength (docs/reliability.md): kill -9 cycles and PostgreSQL
 ## restarts under load, a stalled LISTEN connection, SIGTERM, the database unreachable. It runs
@@ -84,11 +94,12 @@ SSE_HOLD ?= 60
 load-sse: setup
 	$(PY) bench/sse_idle_load.py --connections $(SSE_CONNECTIONS) --hold $(SSE_HOLD)
 
-## Lint, formatting and types: what CI checks before the tests.
+## Lint, formatting and types: what CI checks before the tests. mypy's Django plugin imports
+## the settings, so it reads the development ones whatever `.env` says (a fresh clone has none).
 lint: $(PY_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(TYPED)
+	DJANGO_DEBUG=true $(VENV)/bin/mypy $(TYPED)
 
 format: $(PY_STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -51,6 +51,8 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI's assets, served from the project (no CDN): /v1/docs works offline.
+    "drf_spectacular_sidecar",
     "rest_framework_api_key",
     "streams",
     "access",
@@ -58,6 +60,8 @@ INSTALLED_APPS = [
     "yjs",
     "spark",
     "subscriptions",
+    "console",
+    "tablesync",
 ]
 
 MIDDLEWARE = [
@@ -161,6 +165,7 @@ LOGGING = {
             "spark",
             "access",
             "subscriptions",
+            "console",
             "durable_project",
             "ds",
         )
@@ -210,6 +215,12 @@ DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+
+# Table sync (tablesync/): every process checks every sink this often (besides being woken by
+# appends), and reloads the lists of sinks and published tables.
+DS_TABLESYNC_SWEEP_INTERVAL_SECS = env.float("DS_TABLESYNC__SWEEP_INTERVAL_SECS", default=5.0)
+# Messages a sink applies per transaction.
+DS_TABLESYNC_SINK_BATCH_MESSAGES = env.int("DS_TABLESYNC__SINK_BATCH_MESSAGES", default=2000)
 
 # --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
 
@@ -303,4 +314,8 @@ SPECTACULAR_SETTINGS = {
     # The API's documentation is public, whatever the access mode.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    # Swagger UI and its favicon from drf-spectacular-sidecar's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }

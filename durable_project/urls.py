@@ -21,8 +21,12 @@ class SwaggerView(SpectacularSwaggerView):
         return HttpResponse(headers={"Allow": ", ".join(self.allowed_methods)})
 
 
+# The admin's "View site" link opens the stream console.
+admin.site.site_url = "/console/"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("console/", include("console.urls")),
     path("v1/streams", streams_api.StreamCatalog.as_view(), name="stream-catalog"),
     path("v1/state/", include("state.api.urls")),
     path("v1/auth/whoami", access_views.WhoAmI.as_view(), name="auth-whoami"),

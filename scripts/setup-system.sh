@@ -17,6 +17,8 @@ fi
 if [ "${1:-}" = "--test" ]; then
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v npm >/dev/null 2>&1 || missing+=(npm)
+  # Headless Chromium for the browser tests (tests/browser, driven by Playwright).
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 
 from state.models import EntityState, StateStream
@@ -38,6 +39,10 @@ class StateStreamAdmin(ReadOnlyAdmin):
         "entities_link",
     ]
     readonly_fields = fields  # type: ignore[assignment]  # a list of names, as fields
+
+    def view_on_site(self, obj: StateStream) -> str:
+        """The admin's "View on site" opens the entities live in the console."""
+        return reverse("console:state", args=[obj.stream.path])
 
     @admin.display(description="schemas for")
     def schema_types(self, obj: StateStream) -> str:

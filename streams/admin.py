@@ -154,6 +154,10 @@ class StreamAdmin(ReadOnlyAdmin):
         )
         self.message_user(request, f"Streams: {summary}.", messages.SUCCESS)
 
+    def view_on_site(self, obj: Stream) -> str:
+        """The admin's "View on site" opens the stream live in the console."""
+        return reverse("console:stream", args=[obj.path])
+
     @admin.display(description="messages", ordering="next_seq")
     def message_count(self, obj: Stream) -> int:
         return obj.next_seq

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -203,12 +204,22 @@ def _directory() -> Path | None:
     return Path(directory) if directory and _enabled() else None
 
 
+_flush_lock = threading.Lock()
+
+
 def flush() -> None:
     """Write this worker's samples where the scrape finds them (atomically: a reader never
-    sees half a file)."""
+    sees half a file). Threads of one worker flush one at a time: the periodic flush, a scrape
+    and the console's sampler would otherwise share the temporary file (one renames it away
+    from the other)."""
     directory = _directory()
     if directory is None:
         return
+    with _flush_lock:
+        _write_snapshot(directory)
+
+
+def _write_snapshot(directory: Path) -> None:
     families = []
     for family in registry().collect():
         samples = [
@@ -229,6 +240,25 @@ def exposition() -> tuple[bytes, str]:
 
     flush()
     return generate_latest(_Merged(_snapshots())), CONTENT_TYPE_LATEST
+
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def totals(names: frozenset[str]) -> dict[tuple[str, Labels], float]:
+    """The samples named ``names``, summed over every worker as a scrape sums them (gauges of
+    live workers only), by sample name and sorted labels: for pages that show a few figures
+    (the console's overview) without rendering the whole exposition."""
+    summed: dict[tuple[str, Labels], float] = {}
+    for alive, families in _snapshots():
+        for _name, kind, _documentation, samples in families:
+            if kind == "gauge" and not alive:
+                continue
+            for sample_name, labels, value in samples:
+                if sample_name in names:
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    summed[key] = summed.get(key, 0.0) + value
+    return summed
 
 
 def _snapshots() -> list[tuple[bool, list[Any]]]:

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from streams.admin import ReadOnlyAdmin
@@ -60,6 +61,10 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
         # The list shows the snapshot's position and time, not its bytes (which can be
         # megabytes per row); the detail page's preview loads them when it reads them.
         return super().get_queryset(request).defer("snapshot__data")
+
+    def view_on_site(self, obj: YjsDocument) -> str:
+        """The admin's "View on site" opens the document live in the console."""
+        return reverse("console:yjs", args=[obj.service, obj.path])
 
     @admin.display(description="bytes since snapshot")
     def since_snapshot(self, obj: YjsDocument) -> int:

@@ -4,6 +4,7 @@ by the real server."""
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -143,7 +144,9 @@ def test_admin_shows_state_streams_and_entities(
     type, searchable by key, values as pretty JSON."""
     path = f"admin/{time.time_ns()}/state"
     client.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"})
-    events = [change("user", "u-1", {"name": "Ada"}), change("team", "t-1", {"size": 3})]
+    # Keys no other test's page text contains (stream paths of other tests are listed too).
+    user_key, team_key = f"user-{secrets.token_hex(6)}", f"team-{secrets.token_hex(6)}"
+    events = [change("user", user_key, {"name": "Ada"}), change("team", team_key, {"size": 3})]
     client.post(f"/v1/stream/{path}", headers={"Content-Type": "application/json"}, json=events)
     registered = client.post(
         "/v1/state/streams",
@@ -161,9 +164,9 @@ def test_admin_shows_state_streams_and_entities(
     users = admin_client.get(
         "/admin/state/entitystate/", params={"stream": stream_id.group(1), "type": "user"}
     )
-    assert "u-1" in users.text and "t-1" not in users.text
-    found = admin_client.get("/admin/state/entitystate/", params={"q": "t-1"})
-    assert "t-1" in found.text
+    assert user_key in users.text and team_key not in users.text
+    found = admin_client.get("/admin/state/entitystate/", params={"q": team_key})
+    assert team_key in found.text
     entity_id = re.search(r'href="/admin/state/entitystate/(\d+)/change/', users.text)
     assert entity_id is not None
     entity = admin_client.get(f"/admin/state/entitystate/{entity_id.group(1)}/change/")

@@ -271,10 +271,49 @@ LANGUAGE sql AS $$
     SELECT coalesce(sum(len), 0)::bigint FROM inserted
 $$;
 
+-- A fork's source (ds_create, step 2): locked, judged, and what the fork starts from. outcome
+-- is NULL when the fork may be made; otherwise it says why not.
+CREATE OR REPLACE FUNCTION ds_create_fork_plan(
+    p_fork_from text, p_content_type text, p_fork_seq bigint, p_fork_pos bigint,
+    p_fork_sub bigint,
+    OUT outcome ds_create_outcome, OUT src ds_stream, OUT fork_type text,
+    OUT anchor_seq bigint, OUT anchor_pos bigint, OUT prefix bytea[]
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
+    IF FOUND AND src.deleted_at IS NULL AND ds_is_expired(src) THEN
+        PERFORM ds_expire(src);
+        SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
+    END IF;
+    outcome := CASE
+        WHEN NOT FOUND THEN 'source_not_found'
+        WHEN src.deleted_at IS NOT NULL THEN 'source_gone'
+        WHEN p_content_type IS NOT NULL
+             AND ds_media_type(p_content_type) <> ds_media_type(src.content_type)
+            THEN 'content_type_mismatch'
+        WHEN p_fork_seq IS NOT NULL AND NOT ds_is_position(src, p_fork_seq, p_fork_pos)
+            THEN 'fork_offset_invalid'
+    END;
+    IF outcome IS NOT NULL THEN
+        RETURN;
+    END IF;
+    fork_type := coalesce(p_content_type, src.content_type);
+    anchor_seq := coalesce(p_fork_seq, src.next_seq);
+    anchor_pos := coalesce(p_fork_pos, src.next_pos);
+    prefix := ds_fork_prefix(src, anchor_seq, p_fork_sub);
+    IF prefix IS NULL THEN
+        outcome := 'sub_offset_invalid';
+    END IF;
+END;
+$$;
+
 -- Create a stream, or a fork of one (PROTOCOL.md 4.2, 5.1). Idempotent: an existing stream with
 -- the same configuration answers `exists`, a different one `conflict`. p_content_type NULL
 -- means "not given": the source's type for a fork (the caller supplies the default otherwise).
--- p_fork_seq NULL means the source's tail.
+-- p_fork_seq NULL means the source's tail. Three steps, numbered below: an existing stream
+-- answers at once; a fork's source is judged (ds_create_fork_plan); the row and its first
+-- messages (a fork's sub-offset prefix, then the request's) are stored.
 -- Outcomes: ds_create_outcome (streams/store/outcomes.py maps them to answers).
 CREATE OR REPLACE FUNCTION ds_create(
     p_path text,
@@ -297,79 +336,67 @@ RETURNS TABLE (
 LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     s ds_stream;
+    plan record;
     src ds_stream;
+    v_refusal ds_create_outcome;
     v_type text := p_content_type;
     v_ttl bigint := p_ttl_seconds;
     v_expires timestamptz := p_expires_at;
     v_anchor_seq bigint := 0;
     v_anchor_pos bigint := 0;
     v_prefix bytea[] := '{}';
-    v_bytes bigint;
     v_id bigint;
     v_seq bigint;
     v_pos bigint;
 BEGIN
     <<attempt>>
     LOOP
+        -- 1. An existing stream (expired ones are expired on the spot) answers at once.
         SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
         IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
             PERFORM ds_expire(s);
             SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
         END IF;
         IF FOUND THEN
-            outcome := CASE WHEN ds_create_matches(s, p_content_type, p_ttl_seconds,
-                                p_expires_at, p_closed, p_fork_from, p_fork_seq, p_fork_pos,
-                                p_fork_sub)
-                            THEN 'exists' ELSE 'conflict' END;
-            RETURN QUERY SELECT outcome, s.id, s.content_type, s.next_seq, s.next_pos, s.closed;
+            RETURN QUERY SELECT
+                CASE WHEN ds_create_matches(s, p_content_type, p_ttl_seconds, p_expires_at,
+                            p_closed, p_fork_from, p_fork_seq, p_fork_pos, p_fork_sub)
+                     THEN 'exists' ELSE 'conflict' END::ds_create_outcome,
+                s.id, s.content_type, s.next_seq, s.next_pos, s.closed;
             RETURN;
         END IF;
 
+        -- 2. A fork starts where its source's plan says, with the source's TTL and expiry
+        -- unless it has its own (PROTOCOL.md 4.2 table).
         IF p_fork_from IS NOT NULL THEN
-            SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
-            IF FOUND AND src.deleted_at IS NULL AND ds_is_expired(src) THEN
-                PERFORM ds_expire(src);
-                SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
-            END IF;
-            outcome := CASE
-                WHEN NOT FOUND THEN 'source_not_found'
-                WHEN src.deleted_at IS NOT NULL THEN 'source_gone'
-                WHEN p_content_type IS NOT NULL
-                     AND ds_media_type(p_content_type) <> ds_media_type(src.content_type)
-                    THEN 'content_type_mismatch'
-                WHEN p_fork_seq IS NOT NULL AND NOT ds_is_position(src, p_fork_seq, p_fork_pos)
-                    THEN 'fork_offset_invalid'
-            END;
-            IF outcome IS NOT NULL THEN
-                RETURN QUERY SELECT outcome, NULL::bigint, NULL::text, NULL::bigint,
-                    NULL::bigint, NULL::boolean;
-                RETURN;
-            END IF;
-            v_type := coalesce(p_content_type, src.content_type);
-            v_anchor_seq := coalesce(p_fork_seq, src.next_seq);
-            v_anchor_pos := coalesce(p_fork_pos, src.next_pos);
-            v_prefix := ds_fork_prefix(src, v_anchor_seq, p_fork_sub);
-            IF v_prefix IS NULL THEN
-                RETURN QUERY SELECT 'sub_offset_invalid'::ds_create_outcome, NULL::bigint,
-                    NULL::text, NULL::bigint, NULL::bigint, NULL::boolean;
-                RETURN;
-            END IF;
-            -- TTL and expiry of a fork (PROTOCOL.md 4.2 table): its own when given, else the
-            -- source's.
-            IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
-                v_ttl := src.ttl_seconds;
-                v_expires := src.expires_at;
+            plan := ds_create_fork_plan(p_fork_from, p_content_type, p_fork_seq, p_fork_pos,
+                                        p_fork_sub);
+            v_refusal := plan.outcome;
+            src := plan.src;
+            IF v_refusal IS NULL THEN
+                v_type := plan.fork_type;
+                v_anchor_seq := plan.anchor_seq;
+                v_anchor_pos := plan.anchor_pos;
+                v_prefix := plan.prefix;
+                IF p_ttl_seconds IS NULL AND p_expires_at IS NULL THEN
+                    v_ttl := src.ttl_seconds;
+                    v_expires := src.expires_at;
+                END IF;
             END IF;
         END IF;
-
-        SELECT coalesce(sum(octet_length(d)), 0) INTO v_bytes
-          FROM unnest(v_prefix || coalesce(p_data, '{}')) AS d;
-        IF v_anchor_pos + v_bytes > p_max_stream_bytes THEN
-            RETURN QUERY SELECT 'too_large'::ds_create_outcome, NULL::bigint, NULL::text,
-                NULL::bigint, NULL::bigint, NULL::boolean;
+        IF v_refusal IS NULL AND v_anchor_pos
+                + (SELECT coalesce(sum(octet_length(d)), 0)
+                     FROM unnest(v_prefix || coalesce(p_data, '{}')) AS d)
+                > p_max_stream_bytes THEN
+            v_refusal := 'too_large';
+        END IF;
+        IF v_refusal IS NOT NULL THEN
+            RETURN QUERY SELECT v_refusal, NULL::bigint, NULL::text, NULL::bigint,
+                NULL::bigint, NULL::boolean;
             RETURN;
         END IF;
 
+        -- 3. The row, then its first messages.
         INSERT INTO ds_stream AS t (
             path, content_type, created_at, accessed_at, ttl_seconds, expires_at, next_seq,
             next_pos, closed, fork_source_id, fork_seq, fork_pos, fork_sub_offset,
@@ -391,15 +418,16 @@ BEGIN
     IF src.id IS NOT NULL THEN
         UPDATE ds_stream AS t SET fork_refcount = t.fork_refcount + 1 WHERE t.id = src.id;
     END IF;
+    -- Two appends, each ending its batch: the prefix a fork copied, then the request's.
     v_seq := v_anchor_seq;
     v_pos := v_anchor_pos;
-    IF array_length(v_prefix, 1) > 0 THEN
+    IF cardinality(v_prefix) > 0 THEN
         v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, v_prefix);
-        v_seq := v_seq + array_length(v_prefix, 1);
+        v_seq := v_seq + cardinality(v_prefix);
     END IF;
-    IF array_length(p_data, 1) > 0 THEN
+    IF cardinality(p_data) > 0 THEN
         v_pos := v_pos + ds_insert_messages(v_id, v_seq, v_pos, p_data);
-        v_seq := v_seq + array_length(p_data, 1);
+        v_seq := v_seq + cardinality(p_data);
     END IF;
     IF v_seq <> v_anchor_seq THEN
         UPDATE ds_stream AS t SET next_seq = v_seq, next_pos = v_pos WHERE t.id = v_id;
