@@ -14,7 +14,7 @@ BENCH_JS_STAMP := $(BENCH_JS_DIR)/node_modules/.installed
 	format bench bench-compare db db-stop clean
 
 # What mypy checks (configured in pyproject.toml).
-TYPED := durable_project streams state yjs spark access console tablesync
+TYPED := durable_project streams state yjs spark access subscriptions console tablesync
 
 ## Python environment, system packages and the database schema. A development checkout gets a
 ## `.env` asking for DEBUG (Django's settings read it; production runs without one).

@@ -1,8 +1,9 @@
 """ASGI entry point: a Channels ``ProtocolTypeRouter``, with the ASGI lifespan in front.
 
 ``/v1/stream/...`` and ``/v1/yjs/...`` go to the lean protocol endpoints (``streams.http.app``,
-``yjs.http``), which do not pass through Django's request and middleware stack: measured
-here, that stack costs 5-10x the throughput of a bare ASGI app (DESIGN.md, Request path).
+``yjs.http``; the reserved ``/v1/stream/__ds/`` control prefix first, to ``subscriptions.http``),
+which do not pass through Django's request and middleware stack: measured here, that stack
+costs 5-10x the throughput of a bare ASGI app (DESIGN.md, Request path).
 ``/healthz``, ``/readyz`` and ``/metrics`` are lean too (``streams.http.health``). Everything
 else (admin, REST API, pages) is served by Django's ASGI handler, behind a guard that bounds
 request bodies (``durable_project.guard``). Every route is observed the same way
@@ -33,6 +34,7 @@ from streams.http.health import health_app, metrics_app
 from streams.http.observe import django_route, observed
 from streams.lifecycle import with_lifespan
 from streams.tracing import traced
+from subscriptions.http import control_app
 from yjs.http import yjs_app
 
 # Channels routes ASGI applications with Django's re_path, whose types expect views.
@@ -44,6 +46,8 @@ application = with_lifespan(
             {
                 "http": URLRouter(
                     [
+                        # The reserved control prefix first (PROTOCOL.md 6).
+                        route(r"^v1/stream/__ds/", observed(control_app, "subscriptions")),
                         route(r"^v1/stream/", observed(stream_app, "stream")),
                         route(r"^v1/yjs/", observed(yjs_app, "yjs")),
                         route(r"^(healthz|readyz)/?$", observed(health_app, "probe")),

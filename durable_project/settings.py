@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "state",
     "yjs",
     "spark",
+    "subscriptions",
     "console",
     "tablesync",
 ]
@@ -163,6 +164,7 @@ LOGGING = {
             "yjs",
             "spark",
             "access",
+            "subscriptions",
             "console",
             "durable_project",
             "ds",
@@ -258,6 +260,30 @@ DS_AUTH_JWT_ISSUER = env.str("DS_AUTH__JWT_ISSUER", default="")
 DS_AUTH_JWT_AUDIENCE = env.str("DS_AUTH__JWT_AUDIENCE", default="")
 DS_AUTH_JWT_ALGORITHMS = env.list("DS_AUTH__JWT_ALGORITHMS", default=["RS256", "ES256", "EdDSA"])
 DS_AUTH_JWT_GRANTS_CLAIM = env.str("DS_AUTH__JWT_GRANTS_CLAIM", default="ds_grants")
+
+# --- Subscriptions (subscriptions/, PROTOCOL.md 6, 7) ------------------------------------------
+
+# Webhooks to localhost, 127.0.0.0/8 and ::1, over http:// too: for development and tests only.
+# Everything else must be https:// to a public address (PROTOCOL.md 12.8).
+DS_SUBSCRIPTIONS_ALLOW_LOOPBACK_WEBHOOKS = env.bool(
+    "DS_SUBSCRIPTIONS__ALLOW_LOOPBACK_WEBHOOKS", default=False
+)
+# This server's public URL (https://streams.example.com), from which callback and JWKS URLs
+# are built; unset: the scheme and Host of the request that creates the subscription.
+DS_SUBSCRIPTIONS_PUBLIC_URL = env.str("DS_SUBSCRIPTIONS__PUBLIC_URL", default="")
+# A webhook request must be answered within this long, or it counts as a failed attempt.
+DS_SUBSCRIPTIONS_WEBHOOK_TIMEOUT_SECS = env.float(
+    "DS_SUBSCRIPTIONS__WEBHOOK_TIMEOUT_SECS", default=10.0
+)
+# Every process checks this often for expired leases, due retries and wakes a stopped process
+# left behind (wakes themselves follow appends at once).
+DS_SUBSCRIPTIONS_SWEEP_INTERVAL_SECS = env.float(
+    "DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS", default=1.0
+)
+# Webhook requests in flight at once per process.
+DS_SUBSCRIPTIONS_MAX_CONCURRENT_DELIVERIES = env.int(
+    "DS_SUBSCRIPTIONS__MAX_CONCURRENT_DELIVERIES", default=256
+)
 
 # --- Observability ---------------------------------------------------------------------------
 

@@ -173,6 +173,31 @@ STATE_LAG = _metric(
 )  # fmt: skip
 
 
+# -- subscriptions (subscriptions/) -----------------------------------------------------------
+SUB_WEBHOOKS = _metric(
+    "counter", "ds_subscription_webhooks",
+    "Webhook requests sent, by outcome: done (auto-acked), accepted (callback to come), failed",
+    ("outcome",),
+)  # fmt: skip
+SUB_WEBHOOK_SECONDS = _metric(
+    "histogram", "ds_subscription_webhook_duration_seconds",
+    "Time for a webhook receiver to answer", buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+SUB_WAKE_SECONDS = _metric(
+    "histogram", "ds_subscription_wake_seconds",
+    "Time from this process hearing of an append to the webhook request it causes",
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+SUB_REQUESTS = _metric(
+    "counter", "ds_subscription_wake_requests",
+    "Callbacks, claims, acks and releases, by kind and outcome", ("kind", "outcome"),
+)  # fmt: skip
+SUB_EXPIRED = _metric(
+    "counter", "ds_subscription_expired_wakes",
+    "Wakes ended because their lease expired or the process sending them stopped",
+)  # fmt: skip
+
+
 def method_label(method: str) -> str:
     return method if method in METHODS else "other"
 

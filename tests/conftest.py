@@ -45,6 +45,9 @@ TEST_SERVER_ENV = {
     "DJANGO_SECRET_KEY": "test-servers-secret-key-not-for-production",
     # Access control is tested on its own (tests/access); elsewhere everyone may do anything.
     "DS_AUTH__MODE": "open",
+    # The tests' webhook receivers (and the conformance suite's) listen on 127.0.0.1; the
+    # refusal of loopback webhooks is tested with servers without this (tests/subscriptions).
+    "DS_SUBSCRIPTIONS__ALLOW_LOOPBACK_WEBHOOKS": "true",
 }
 
 

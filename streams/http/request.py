@@ -132,6 +132,12 @@ def stream_path(encoded: str) -> str:
         path = unquote_to_bytes(encoded).decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("stream path is not valid UTF-8") from None
+    return check_stream_path(path)
+
+
+def check_stream_path(path: str) -> str:
+    """The rules of ``stream_path`` for a path already decoded (a stream named in a JSON
+    body: subscriptions)."""
     if not path:
         raise BadRequest("stream path is empty")
     if len(path.encode()) > MAX_PATH_BYTES:

@@ -1,0 +1,712 @@
+-- Subscriptions in the database (PROTOCOL.md 6, 7), installed after streams/store/sql/.
+--
+-- Every subscription's state is a row of ds_subscription (the wake in flight, its lease, the
+-- retry schedule) and one ds_subscription_link row per followed stream (its acked offset), so
+-- any server process can act for any subscription: each change locks the subscription's row,
+-- which is what keeps one wake in flight per subscription across processes. Functions return
+-- ds_sub_outcome values (subscriptions/outcomes.py maps them to answers).
+--
+-- Triggers on ds_stream see every path that changes a stream (client writes, the server's own
+-- writes to __registry__ and wake streams, deletes by expiry or cascade), without sharing the
+-- streams app's ds_hook_* functions with the state app:
+-- * a stream created is linked to the subscriptions whose pattern matches it, at its tail, in
+--   its own transaction: before its first append wakes anyone (PROTOCOL.md 6.2);
+-- * an append to a linked stream sends a NOTIFY "sub:<subscription ids>" on the live-delivery
+--   channel, after commit; any process hearing it issues the wake (subscriptions/delivery.py);
+-- * a deleted stream loses its glob links; its explicit links go back to offset zero.
+-- An append to a stream no subscription follows costs one probe of an index.
+--
+-- Lock order: a subscription row, then a wake stream's row (its wake event), then link rows.
+-- Wakes of several subscriptions lock them in id order. Deadlocks left possible by concurrent
+-- stream deletes are detected by PostgreSQL and the statement retried by the caller.
+
+-- Subscription creation (exclusive) and stream creation (shared) take this advisory lock, so
+-- a stream created while a pattern subscription is being created is either backfilled by it or
+-- linked by the trigger: never neither.
+CREATE OR REPLACE FUNCTION ds_sub_link_lock() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 6275718392001::bigint $$;
+
+-- Paths subscriptions can follow: not the reserved __ds/ streams (Yjs documents).
+CREATE OR REPLACE FUNCTION ds_sub_followable(p_path text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT NOT starts_with(p_path, '__ds/') $$;
+
+-- A webhook retry's delay after p_failures failed attempts in a row (PROTOCOL.md 7.1): 1 s
+-- doubling up to 60 s, times 1 + p_jitter (p_jitter drawn in [-0.2, 0.2] by the caller).
+CREATE OR REPLACE FUNCTION ds_sub_retry_delay(p_failures int, p_jitter float8) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT make_interval(secs => least(2.0 ^ greatest(p_failures - 1, 0), 60.0)
+                                 * (1 + greatest(-0.2, least(0.2, p_jitter))))
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Triggers on ds_stream
+
+-- The literal beginnings a pattern matching p_path can have (subscriptions.protocol
+-- .glob_prefix): '', each run of whole segments with its '/', the path itself (a pattern
+-- without wildcards) and the path with a '/' ('a/' of 'a/**', whose '**' matches no segment
+-- at all, so 'a' itself). Looked up in an index, so a stream's creation costs the same with 10
+-- or 100,000 pattern subscriptions.
+-- plpgsql, not sql: an SQL function with a query is planned at every call (80 us here). Not
+-- IMMUTABLE: folded into a constant, it made each caller's plan a custom one, planned anew at
+-- every stream creation (300 us).
+CREATE OR REPLACE FUNCTION ds_sub_prefixes(p_path text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_parts text[] := string_to_array(p_path, '/');
+    v_prefix text := '';
+    v_prefixes text[] := ARRAY['', p_path, p_path || '/'];
+BEGIN
+    FOR n IN 1 .. cardinality(v_parts) - 1 LOOP
+        v_prefix := v_prefix || v_parts[n] || '/';
+        v_prefixes := v_prefixes || v_prefix;
+    END LOOP;
+    RETURN v_prefixes;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_sub_stream_created() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    IF NOT ds_sub_followable(NEW.path) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(ds_sub_link_lock());
+    -- Links kept by path (explicit links, links of a deleted stream) start at the new tail.
+    UPDATE ds_subscription_link SET acked_seq = NEW.next_seq, acked_pos = NEW.next_pos
+     WHERE path = NEW.path;
+    -- Candidates by literal beginning first, then their regular expression (compiled for each
+    -- row it is tried on: 9 ms for 1,000 patterns, against microseconds for the prefixes); an
+    -- insert only for a match (an INSERT ... ON CONFLICT costs its planning even with no row).
+    FOR s IN SELECT c.id, c.pattern_regex, c.wake_stream
+               FROM unnest(ds_sub_prefixes(NEW.path)) AS p(prefix)
+               JOIN ds_subscription AS c
+                 ON c.pattern_prefix = p.prefix AND c.pattern_regex IS NOT NULL
+    LOOP
+        IF ('/' || NEW.path) ~ s.pattern_regex AND NEW.path IS DISTINCT FROM s.wake_stream THEN
+            INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
+            VALUES (s.id, NEW.path, false, true, NEW.next_seq, NEW.next_pos)
+            ON CONFLICT (sid, path) DO UPDATE SET glob = true;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+-- BEFORE, not AFTER: no after-trigger event to queue, on the append path.
+CREATE OR REPLACE FUNCTION ds_sub_stream_advanced() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sids text;
+    v_count int;
+BEGIN
+    SELECT string_agg(l.sid::text, ','), count(*) INTO v_sids, v_count
+      FROM ds_subscription_link AS l WHERE l.path = NEW.path;
+    IF v_count > 0 THEN
+        -- NOTIFY payloads are bounded (8000 bytes): past 200 subscriptions, "check them all".
+        PERFORM pg_notify('ds_streams', 'sub:' || CASE WHEN v_count > 200 THEN '*' ELSE v_sids END);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_sub_stream_removed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM ds_subscription_link WHERE path = OLD.path AND NOT explicit;
+    UPDATE ds_subscription_link SET glob = false, acked_seq = 0, acked_pos = 0
+     WHERE path = OLD.path;
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS ds_sub_stream_created ON ds_stream;
+CREATE TRIGGER ds_sub_stream_created AFTER INSERT ON ds_stream
+    FOR EACH ROW EXECUTE FUNCTION ds_sub_stream_created();
+DROP TRIGGER IF EXISTS ds_sub_stream_advanced ON ds_stream;
+CREATE TRIGGER ds_sub_stream_advanced BEFORE UPDATE OF next_seq ON ds_stream
+    FOR EACH ROW WHEN (NEW.next_seq > OLD.next_seq) EXECUTE FUNCTION ds_sub_stream_advanced();
+DROP TRIGGER IF EXISTS ds_sub_stream_deleted ON ds_stream;
+CREATE TRIGGER ds_sub_stream_deleted AFTER DELETE ON ds_stream
+    FOR EACH ROW EXECUTE FUNCTION ds_sub_stream_removed();
+DROP TRIGGER IF EXISTS ds_sub_stream_soft_deleted ON ds_stream;
+CREATE TRIGGER ds_sub_stream_soft_deleted AFTER UPDATE OF deleted_at ON ds_stream
+    FOR EACH ROW WHEN (OLD.deleted_at IS NULL AND NEW.deleted_at IS NOT NULL)
+    EXECUTE FUNCTION ds_sub_stream_removed();
+
+-- ---------------------------------------------------------------------------------------------
+-- Reading a subscription
+
+-- The links of a subscription as the protocol shows them (PROTOCOL.md 6.3, 7.1, 7.2): path,
+-- link_type (explicit wins over glob), acked_offset, and with p_tails the stream's tail and
+-- whether it has pending work. A stream that does not exist has tail zero.
+CREATE OR REPLACE FUNCTION ds_sub_streams(p_sid bigint, p_tails boolean) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(
+        CASE WHEN p_tails THEN jsonb_build_object(
+            'path', l.path,
+            'link_type', CASE WHEN l.explicit THEN 'explicit' ELSE 'glob' END,
+            'acked_offset', ds_offset(l.acked_seq, l.acked_pos),
+            'tail_offset', ds_offset(coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)),
+            'has_pending', coalesce(t.next_seq, 0) > l.acked_seq)
+        ELSE jsonb_build_object(
+            'path', l.path,
+            'link_type', CASE WHEN l.explicit THEN 'explicit' ELSE 'glob' END,
+            'acked_offset', ds_offset(l.acked_seq, l.acked_pos))
+        END ORDER BY l.path), '[]'::jsonb)
+      FROM ds_subscription_link AS l
+      LEFT JOIN ds_stream AS t ON t.path = l.path AND t.deleted_at IS NULL
+     WHERE l.sid = p_sid
+$$;
+
+-- The first followed stream (by path) with events past its acked offset; NULL: no pending work.
+CREATE OR REPLACE FUNCTION ds_sub_first_pending(p_sid bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT l.path FROM ds_subscription_link AS l
+      JOIN ds_stream AS t ON t.path = l.path AND t.deleted_at IS NULL
+     WHERE l.sid = p_sid AND t.next_seq > l.acked_seq
+     ORDER BY l.path LIMIT 1
+$$;
+
+-- What the process that issued a webhook wake sends (subscriptions/delivery.py).
+CREATE OR REPLACE FUNCTION ds_sub_delivery(s ds_subscription) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'sid', s.id, 'subscription_id', s.subscription_id, 'generation', s.generation,
+        'wake_id', s.wake_id, 'url', s.webhook_url, 'base_url', s.base_url,
+        'streams', s.wake_streams)
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Management (PROTOCOL.md 6)
+
+-- Create, or re-confirm with the same configuration hash (6.2). New links start at the
+-- stream's tail: explicit streams, and existing streams the pattern matches (the backfill).
+-- Only a pattern needs the link lock (ds_sub_link_lock); two creations of one id race on the
+-- unique id, and the loser answers as if it had come second.
+CREATE OR REPLACE FUNCTION ds_sub_create(
+    p_id text, p_type text, p_pattern text, p_regex text, p_prefix text, p_streams text[],
+    p_url text, p_wake_stream text, p_lease_ttl_ms int, p_description text, p_hash text,
+    p_base_url text, p_created_by text
+) RETURNS ds_sub_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sid bigint;
+    v_hash text;
+BEGIN
+    SELECT id, config_hash INTO v_sid, v_hash FROM ds_subscription WHERE subscription_id = p_id;
+    IF FOUND THEN
+        RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
+    END IF;
+    IF p_wake_stream = ANY (p_streams) THEN
+        RETURN 'invalid_stream';
+    END IF;
+    IF p_regex IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(ds_sub_link_lock());
+    END IF;
+    INSERT INTO ds_subscription (
+        subscription_id, type, pattern, pattern_regex, pattern_prefix, webhook_url, wake_stream,
+        lease_ttl_ms, description, config_hash, base_url, created_at, created_by, paused,
+        generation, failed_attempts, last_error
+    ) VALUES (
+        p_id, p_type, p_pattern, p_regex, p_prefix, p_url, p_wake_stream,
+        p_lease_ttl_ms, p_description, p_hash, p_base_url, now(), p_created_by, false, 0, 0, ''
+    ) ON CONFLICT (subscription_id) DO NOTHING
+    RETURNING id INTO v_sid;
+    IF v_sid IS NULL THEN
+        SELECT config_hash INTO v_hash FROM ds_subscription WHERE subscription_id = p_id;
+        RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
+    END IF;
+    INSERT INTO ds_subscription_link (sid, path, explicit, glob, acked_seq, acked_pos)
+    SELECT v_sid, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
+      FROM unnest(p_streams) AS p(path)
+      LEFT JOIN ds_stream AS t ON t.path = p.path AND t.deleted_at IS NULL;
+    IF p_regex IS NOT NULL THEN
+        INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
+        SELECT v_sid, t.path, false, true, t.next_seq, t.next_pos
+          FROM ds_stream AS t
+         WHERE t.deleted_at IS NULL AND ds_sub_followable(t.path)
+           -- || '/': the prefix 'a/' of 'a/**' begins the path 'a' it matches.
+           AND starts_with(t.path || '/', p_prefix) AND ('/' || t.path) ~ p_regex
+           AND t.path IS DISTINCT FROM p_wake_stream
+        ON CONFLICT (sid, path) DO UPDATE SET glob = true;
+    END IF;
+    RETURN 'created';
+END;
+$$;
+
+-- Delete (6.3): the links go with it; a wake in flight is fenced (its token names a row that
+-- no longer exists).
+CREATE OR REPLACE FUNCTION ds_sub_delete(p_id text) RETURNS ds_sub_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sid bigint;
+BEGIN
+    SELECT id INTO v_sid FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    DELETE FROM ds_subscription_link WHERE sid = v_sid;
+    DELETE FROM ds_subscription WHERE id = v_sid;
+    RETURN 'ok';
+END;
+$$;
+
+-- Explicit membership (6.4): add links at the streams' tails (already linked: marked
+-- explicit, cursor kept), or drop the explicit mark (the link stays while the glob matches).
+CREATE OR REPLACE FUNCTION ds_sub_add_streams(p_id text, p_streams text[]) RETURNS ds_sub_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+BEGIN
+    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    ELSIF s.wake_stream = ANY (p_streams) THEN
+        RETURN 'invalid_stream';
+    END IF;
+    INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
+    SELECT s.id, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
+      FROM unnest(p_streams) AS p(path)
+      LEFT JOIN ds_stream AS t ON t.path = p.path AND t.deleted_at IS NULL
+    ON CONFLICT (sid, path) DO UPDATE SET explicit = true;
+    RETURN 'ok';
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_sub_remove_stream(p_id text, p_path text) RETURNS ds_sub_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sid bigint;
+BEGIN
+    SELECT id INTO v_sid FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    UPDATE ds_subscription_link SET explicit = false WHERE sid = v_sid AND path = p_path;
+    DELETE FROM ds_subscription_link
+     WHERE sid = v_sid AND path = p_path AND NOT explicit AND NOT glob;
+    RETURN 'ok';
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Wakes (PROTOCOL.md 7)
+
+-- End the wake in flight (done, released, failed, lease expired): no holder, no token.
+CREATE OR REPLACE FUNCTION ds_sub_end_wake(p_sid bigint) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE ds_subscription
+       SET wake_id = NULL, wake_state = NULL, holder = NULL, lease_expires_at = NULL,
+           sender = NULL, send_deadline = NULL, wake_streams = NULL
+     WHERE id = p_sid
+$$;
+
+-- Append a wake event to a pull-wake subscription's wake stream (7.2), through ds_append like
+-- any append (its readers are woken by its NOTIFY). NULL when written, else why not: the wake
+-- stays claimable anyway, and the reason is recorded.
+CREATE OR REPLACE FUNCTION ds_sub_wake_event(
+    s ds_subscription, p_generation bigint, p_stream text, p_max_bytes bigint
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_media text;
+    v_event bytea;
+    v_outcome ds_append_outcome;
+BEGIN
+    SELECT ds_media_type(t.content_type) INTO v_media FROM ds_stream AS t
+     WHERE t.path = s.wake_stream AND t.deleted_at IS NULL;
+    IF NOT FOUND THEN
+        RETURN 'the wake stream ' || s.wake_stream || ' does not exist';
+    END IF;
+    v_event := convert_to(jsonb_build_object(
+        'type', 'wake', 'subscription_id', s.subscription_id, 'stream', p_stream,
+        'generation', p_generation,
+        'ts', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text, 'UTF8');
+    SELECT a.outcome INTO v_outcome FROM ds_append(
+        s.wake_stream,
+        jsonb_build_array(jsonb_build_array(
+            v_media, false, NULL, NULL, NULL, NULL, 1, octet_length(v_event), NULL)),
+        ARRAY[octet_length(v_event)], ARRAY[1], v_event, p_max_bytes) AS a;
+    IF v_outcome <> 'appended' THEN
+        RETURN 'the wake stream ' || s.wake_stream || ' refused the wake event: ' || v_outcome;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Issue a wake for the subscription s (its row locked by the caller) when it is idle, not
+-- paused, not waiting for a webhook retry, and has pending work (7): a new generation and
+-- wake id, the streams' tails reported; a webhook wake is sent by process p_sender (presumed
+-- dead after p_send_secs), a pull-wake one written to the wake stream (p_event) for a worker
+-- to claim. Returns the subscription as it now is, or NULL when no wake was issued.
+CREATE OR REPLACE FUNCTION ds_sub_issue(
+    s ds_subscription, p_sender text, p_send_secs float8, p_max_bytes bigint, p_event boolean
+) RETURNS ds_subscription
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_stream text;
+    v_error text;
+    r ds_subscription;
+BEGIN
+    IF s.wake_id IS NOT NULL OR s.paused OR s.next_attempt_at > now() THEN
+        RETURN NULL;
+    END IF;
+    v_stream := ds_sub_first_pending(s.id);
+    IF v_stream IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF s.type = 'pull-wake' AND p_event THEN
+        v_error := ds_sub_wake_event(s, s.generation + 1, v_stream, p_max_bytes);
+    END IF;
+    UPDATE ds_subscription AS t
+       SET generation = s.generation + 1,
+           wake_id = 'w_' || replace(gen_random_uuid()::text, '-', ''),
+           wake_state = CASE WHEN s.type = 'webhook' THEN 'sending' ELSE 'issued' END,
+           woken_at = now(),
+           wake_streams = ds_sub_streams(s.id, true),
+           sender = CASE WHEN s.type = 'webhook' THEN p_sender END,
+           send_deadline = CASE WHEN s.type = 'webhook'
+                                THEN now() + make_interval(secs => p_send_secs) END,
+           last_error = coalesce(v_error, t.last_error),
+           last_error_at = CASE WHEN v_error IS NOT NULL THEN now() ELSE t.last_error_at END
+     WHERE t.id = s.id
+    RETURNING t.* INTO r;
+    RETURN r;
+END;
+$$;
+
+-- Wake these subscriptions if they are idle with pending work (a NOTIFY of an append, the
+-- sweep): locked in id order, waiting for a lock held by another process's change, so that
+-- a wake ending there and an append committing meanwhile are both seen. Whether a wake is in
+-- flight is judged only once the row is locked: a condition in the WHERE clause would be
+-- judged on the snapshot taken before the wait, and a wake ended meanwhile (by a done that
+-- did not see the append) would leave the append unwoken until the sweep (measured: 1% of
+-- wakes 1 s late). Returns what this process must now send: one delivery per webhook wake.
+CREATE OR REPLACE FUNCTION ds_sub_wake(
+    p_sids bigint[], p_sender text, p_send_secs float8, p_max_bytes bigint
+) RETURNS SETOF jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+    r ds_subscription;
+BEGIN
+    FOR s IN SELECT * FROM ds_subscription WHERE id = ANY (p_sids) ORDER BY id FOR UPDATE
+    LOOP
+        r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
+        IF r.id IS NOT NULL AND r.type = 'webhook' THEN
+            RETURN NEXT ds_sub_delivery(r);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Idle subscriptions with pending work whose retry (if any) is due: the sweep wakes them.
+CREATE OR REPLACE FUNCTION ds_sub_candidates(p_limit int) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT s.id FROM ds_subscription AS s
+     WHERE s.wake_id IS NULL AND NOT s.paused
+       AND (s.next_attempt_at IS NULL OR s.next_attempt_at <= now())
+       AND ds_sub_first_pending(s.id) IS NOT NULL
+     ORDER BY s.next_attempt_at NULLS LAST, s.id
+     LIMIT p_limit
+$$;
+
+-- End wakes whose lease expired (7.3) or whose webhook sender stopped (its deadline passed);
+-- the caller then wakes the returned subscriptions again if work is pending.
+CREATE OR REPLACE FUNCTION ds_sub_expire(p_limit int) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+BEGIN
+    FOR s IN SELECT * FROM ds_subscription
+              WHERE lease_expires_at < now() OR send_deadline < now()
+              ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM ds_sub_end_wake(s.id);
+        UPDATE ds_subscription
+           SET last_error = CASE
+                   WHEN s.wake_state = 'sending'
+                       THEN 'the process sending generation ' || s.generation || ' stopped'
+                   WHEN s.wake_state = 'claimed'
+                       THEN 'the lease of ' || s.holder || ' on generation ' || s.generation
+                            || ' expired'
+                   ELSE 'no callback for generation ' || s.generation || ' within the lease'
+               END,
+               last_error_at = now()
+         WHERE id = s.id;
+        RETURN NEXT s.id;
+    END LOOP;
+END;
+$$;
+
+-- The outcome of sending a webhook wake (7.1), by the process that sent it: a failure ends
+-- the wake and schedules the next attempt (the schedule lives here, so any process, after any
+-- restart, honours it); {"done": true} acks the tails the wake reported and ends it; any other
+-- 2xx leaves the receiver the lease to call back. Nothing happens when the wake is no longer
+-- current (a callback ended it first). Returns the next delivery when a done left pending
+-- work (issued at once, for this process to send).
+CREATE OR REPLACE FUNCTION ds_sub_delivered(
+    p_sid bigint, p_wake text, p_done boolean, p_error text, p_jitter float8,
+    p_sender text, p_send_secs float8, p_max_bytes bigint
+) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+    r ds_subscription;
+BEGIN
+    SELECT * INTO s FROM ds_subscription WHERE id = p_sid FOR UPDATE;
+    IF NOT FOUND OR s.wake_id IS DISTINCT FROM p_wake THEN
+        RETURN NULL;
+    END IF;
+    IF p_error IS NOT NULL THEN
+        UPDATE ds_subscription
+           SET wake_id = NULL, wake_state = NULL, holder = NULL, lease_expires_at = NULL,
+               sender = NULL, send_deadline = NULL, wake_streams = NULL,
+               failed_attempts = s.failed_attempts + 1,
+               next_attempt_at = now() + ds_sub_retry_delay(s.failed_attempts + 1, p_jitter),
+               last_error = p_error, last_error_at = now()
+         WHERE id = s.id;
+        RETURN NULL;
+    ELSIF NOT p_done THEN
+        UPDATE ds_subscription
+           SET wake_state = 'waiting', sender = NULL, send_deadline = NULL,
+               lease_expires_at = coalesce(
+                   lease_expires_at, now() + make_interval(secs => s.lease_ttl_ms / 1000.0)),
+               failed_attempts = 0, next_attempt_at = NULL, last_delivered_at = now()
+         WHERE id = s.id;
+        RETURN NULL;
+    END IF;
+    PERFORM ds_sub_ack_reported(s);
+    -- One new version of the row: the wake ends, the delivery succeeded.
+    UPDATE ds_subscription
+       SET wake_id = NULL, wake_state = NULL, holder = NULL, lease_expires_at = NULL,
+           sender = NULL, send_deadline = NULL, wake_streams = NULL,
+           failed_attempts = 0, next_attempt_at = NULL, last_delivered_at = now()
+     WHERE id = s.id
+    RETURNING * INTO s;
+    r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
+    RETURN CASE WHEN r.id IS NOT NULL THEN ds_sub_delivery(r) END;
+END;
+$$;
+
+-- Ack the tails the wake in flight reported ({"done": true}, 7.1), never moving a cursor back,
+-- nor past the tail of a stream re-created meanwhile.
+CREATE OR REPLACE FUNCTION ds_sub_ack_reported(s ds_subscription) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE ds_subscription_link AS l
+       SET acked_seq = w.seq, acked_pos = w.pos
+      FROM (SELECT e ->> 'path' AS path,
+                   split_part(e ->> 'tail_offset', '_', 1)::bigint AS seq,
+                   split_part(e ->> 'tail_offset', '_', 2)::bigint AS pos
+              FROM jsonb_array_elements(coalesce(s.wake_streams, '[]'::jsonb)) AS e) AS w
+     WHERE l.sid = s.id AND l.path = w.path
+       AND (w.seq, w.pos) > (l.acked_seq, l.acked_pos)
+       AND EXISTS (SELECT 1 FROM ds_stream AS t
+                    WHERE t.path = l.path AND t.deleted_at IS NULL AND t.next_seq >= w.seq)
+$$;
+
+-- A callback (webhook), ack or release (pull-wake) of the wake a token names (7.1-7.3).
+-- Fenced unless the token's subscription, generation and wake, and the request's, are the
+-- current ones; an expired lease ends the wake first (whether or not the sweep got there).
+-- Acks (p_acks: [[path, seq, pos], ...]) must name linked streams, not move a cursor back
+-- and be positions the stream minted; all apply or none. Without done (or release) the lease
+-- is extended (a heartbeat); with it the wake ends, and pending work gets the next wake at
+-- once (next_wake; for a webhook, delivery is what this process must send).
+CREATE OR REPLACE FUNCTION ds_sub_report(
+    p_id text, p_type text, p_token_sid bigint, p_token_generation bigint, p_token_wake text,
+    p_generation bigint, p_wake text, p_acks jsonb, p_done boolean, p_release boolean,
+    p_sender text, p_send_secs float8, p_max_bytes bigint
+) RETURNS TABLE (outcome ds_sub_outcome, next_wake boolean, detail text, delivery jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+    r ds_subscription;
+    a jsonb;
+    v_link ds_subscription_link;
+    v_stream ds_stream;
+    v_seq bigint;
+    v_pos bigint;
+BEGIN
+    next_wake := false;
+    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+    ELSIF s.type <> p_type THEN
+        outcome := 'wrong_type';
+        detail := p_type;
+    ELSIF s.id <> p_token_sid THEN
+        outcome := 'token_invalid';
+    END IF;
+    IF outcome IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF s.lease_expires_at < now() THEN
+        PERFORM ds_sub_end_wake(s.id);
+        SELECT * INTO s FROM ds_subscription WHERE id = s.id;
+    END IF;
+    IF s.wake_id IS NULL OR p_token_generation <> s.generation OR p_generation <> s.generation
+       OR p_token_wake <> s.wake_id OR p_wake <> s.wake_id
+       OR (s.type = 'pull-wake' AND s.wake_state <> 'claimed') THEN
+        outcome := 'fenced';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    FOR a IN SELECT * FROM jsonb_array_elements(coalesce(p_acks, '[]'::jsonb)) LOOP
+        v_seq := (a ->> 1)::bigint;
+        v_pos := (a ->> 2)::bigint;
+        SELECT * INTO v_link FROM ds_subscription_link
+         WHERE sid = s.id AND path = a ->> 0 FOR UPDATE;
+        IF NOT FOUND THEN
+            outcome := 'invalid_offset';
+            detail := 'the subscription does not follow ' || (a ->> 0);
+        ELSIF (v_seq, v_pos) < (v_link.acked_seq, v_link.acked_pos) THEN
+            outcome := 'invalid_offset';
+            detail := 'the ack of ' || (a ->> 0) || ' moves its cursor back from '
+                      || ds_offset(v_link.acked_seq, v_link.acked_pos);
+        ELSE
+            SELECT * INTO v_stream FROM ds_stream
+             WHERE path = a ->> 0 AND deleted_at IS NULL;
+            IF NOT FOUND AND (v_seq, v_pos) <> (0, 0)
+               OR FOUND AND NOT ds_is_position(v_stream, v_seq, v_pos) THEN
+                outcome := 'invalid_offset';
+                detail := ds_offset(v_seq, v_pos) || ' is not an offset of ' || (a ->> 0);
+            END IF;
+        END IF;
+        IF outcome IS NOT NULL THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END LOOP;
+    -- Valid, so none moves a cursor back; of several acks of one stream the last counts.
+    FOR a IN SELECT * FROM jsonb_array_elements(coalesce(p_acks, '[]'::jsonb)) LOOP
+        UPDATE ds_subscription_link
+           SET acked_seq = (a ->> 1)::bigint, acked_pos = (a ->> 2)::bigint
+         WHERE sid = s.id AND path = a ->> 0;
+    END LOOP;
+
+    outcome := 'ok';
+    IF NOT (p_done OR p_release) THEN
+        UPDATE ds_subscription
+           SET lease_expires_at = now() + make_interval(secs => s.lease_ttl_ms / 1000.0)
+         WHERE id = s.id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    PERFORM ds_sub_end_wake(s.id);
+    SELECT * INTO s FROM ds_subscription WHERE id = s.id;
+    r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
+    next_wake := r.id IS NOT NULL;
+    IF next_wake AND r.type = 'webhook' THEN
+        delivery := ds_sub_delivery(r);
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- A pull-wake worker's claim (7.2): the wake issued (or one issued now, when work is pending
+-- and none was), unless another worker holds an unexpired lease (already_claimed, with the
+-- holder and generation). The lease starts now.
+CREATE OR REPLACE FUNCTION ds_sub_claim(p_id text, p_worker text, p_max_bytes bigint)
+RETURNS TABLE (
+    outcome ds_sub_outcome, sid bigint, generation bigint, wake_id text, holder text,
+    lease_ttl_ms int, streams jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_subscription;
+    r ds_subscription;
+BEGIN
+    SELECT * INTO s FROM ds_subscription AS t WHERE t.subscription_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+    ELSIF s.type <> 'pull-wake' THEN
+        outcome := 'wrong_type';
+    END IF;
+    IF outcome IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF s.lease_expires_at < now() THEN
+        PERFORM ds_sub_end_wake(s.id);
+        SELECT * INTO s FROM ds_subscription AS t WHERE t.id = s.id;
+    END IF;
+    sid := s.id;
+    generation := s.generation;
+    holder := s.holder;
+    IF s.holder IS NOT NULL THEN
+        outcome := 'already_claimed';
+    ELSIF s.wake_id IS NULL AND s.paused THEN
+        outcome := 'paused';
+    ELSIF s.wake_id IS NULL THEN
+        -- A wake issued for this claim: no event (nobody else needs to hear of it).
+        r := ds_sub_issue(s, NULL, 0, p_max_bytes, false);
+        IF r.id IS NULL THEN
+            outcome := 'no_pending_work';
+        END IF;
+    END IF;
+    IF outcome IS NOT NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    UPDATE ds_subscription AS t
+       SET holder = p_worker, wake_state = 'claimed',
+           wake_streams = ds_sub_streams(t.id, true),
+           lease_expires_at = now() + make_interval(secs => t.lease_ttl_ms / 1000.0)
+     WHERE t.id = s.id
+    RETURNING t.* INTO s;
+    outcome := 'ok';
+    generation := s.generation;
+    wake_id := s.wake_id;
+    holder := s.holder;
+    lease_ttl_ms := s.lease_ttl_ms;
+    streams := s.wake_streams;
+    RETURN NEXT;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Operators (the admin)
+
+-- Pause (no new wake; the one in flight runs its course) or resume.
+CREATE OR REPLACE FUNCTION ds_sub_pause(p_sid bigint, p_paused boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ds_subscription SET paused = p_paused WHERE id = p_sid;
+    IF NOT p_paused THEN
+        PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
+    END IF;
+END;
+$$;
+
+-- Move every cursor to the streams' tails (skip what is pending) or to zero (replay
+-- everything), fence the wake in flight and clear the retry schedule.
+CREATE OR REPLACE FUNCTION ds_sub_reset(p_sid bigint, p_to_tail boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM ds_subscription WHERE id = p_sid FOR UPDATE;
+    PERFORM ds_sub_end_wake(p_sid);
+    UPDATE ds_subscription SET failed_attempts = 0, next_attempt_at = NULL WHERE id = p_sid;
+    UPDATE ds_subscription_link AS l
+       SET (acked_seq, acked_pos) = (
+           SELECT coalesce(max(t.next_seq), 0), coalesce(max(t.next_pos), 0)
+             FROM ds_stream AS t
+            WHERE p_to_tail AND t.path = l.path AND t.deleted_at IS NULL)
+     WHERE l.sid = p_sid;
+    PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
+END;
+$$;
+
+-- A webhook retry due now rather than at its scheduled time (the status stays failed until a
+-- delivery succeeds).
+CREATE OR REPLACE FUNCTION ds_sub_retry_now(p_sid bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ds_subscription SET next_attempt_at = now()
+     WHERE id = p_sid AND next_attempt_at > now();
+    PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
+END;
+$$;

@@ -1,0 +1,116 @@
+"""Access control of subscriptions (PROTOCOL.md 12.1, 12.9) on a server in ``keys`` mode: a
+subscription is the resource ``stream/__ds/subscriptions/<id>``; managing it needs ``manage``,
+reading it ``read``, claiming ``append``; its creator must be allowed to read what it follows
+and to append to its wake stream; callbacks and acks need the wake's token, and only that."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.access.support import bearer, create_key
+from tests.subscriptions.support import CONTROL, Receiver, report
+
+SUBS = "stream/__ds/subscriptions/"
+
+
+@pytest.fixture(scope="module")
+def server(start_server: Any) -> Any:
+    return start_server(env={"DS_AUTH__MODE": "keys"})
+
+
+@pytest.fixture(scope="module")
+def keys(server: Any, database_url: str) -> dict[str, dict[str, str]]:
+    made = {
+        "ops": create_key(database_url, "sub-ops", f"{SUBS}:read,append,manage",
+                          "stream/acl-subs/:read,append,manage"),
+        "manager-blind": create_key(database_url, "sub-blind", f"{SUBS}:manage"),
+        "no-wake-append": create_key(database_url, "sub-nowake", f"{SUBS}:manage",
+                                     "stream/acl-subs/:read"),
+        "reader": create_key(database_url, "sub-reader", f"{SUBS}:read"),
+        "worker": create_key(database_url, "sub-worker", f"{SUBS}acl-:append"),
+        "elsewhere": create_key(database_url, "sub-else", f"{SUBS}other-:read,append,manage",
+                                "stream/acl-subs/:read,append"),
+    }  # fmt: skip
+    return {name: bearer(key) for name, key in made.items()}
+
+
+@pytest.fixture
+def http(server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        yield client
+
+
+def test_management_needs_its_grants(http: httpx.Client, keys: dict[str, dict[str, str]]) -> None:
+    sub = f"acl-{time.time_ns()}"
+    url = f"{CONTROL}/subscriptions/{sub}"
+    pull = {"type": "pull-wake", "pattern": "acl-subs/events/*", "wake_stream": "acl-subs/wake"}
+    refused = [
+        (None, 401),
+        (keys["reader"], 403),  # no manage
+        (keys["manager-blind"], 403),  # may not read the streams it would follow
+        (keys["no-wake-append"], 403),  # may not append to the wake stream
+        (keys["elsewhere"], 403),  # another subscription prefix
+    ]
+    for headers, status in refused:
+        response = http.put(url, json=pull, headers=headers)
+        assert response.status_code == status, (headers, response.text)
+        assert response.headers["Content-Type"] == "application/json"
+    assert http.get(url, headers=keys["ops"]).status_code == 404  # nothing was created
+    assert http.put(url, json=pull, headers=keys["ops"]).status_code == 201
+    assert http.get(url).status_code == 401
+    assert http.get(url, headers=keys["reader"]).status_code == 200
+    add = http.post(f"{url}/streams", json={"streams": ["acl-subs/x"]}, headers=keys["reader"])
+    assert add.status_code == 403
+    add = http.post(f"{url}/streams", json={"streams": ["private/x"]}, headers=keys["ops"])
+    assert add.status_code == 403  # may not read it
+    assert http.delete(url, headers=keys["reader"]).status_code == 403
+    assert http.get(url, headers=keys["reader"]).status_code == 200
+    assert http.delete(url, headers=keys["ops"]).status_code == 204
+
+
+def test_claims_need_append_and_acks_need_the_claim_token(
+    http: httpx.Client, keys: dict[str, dict[str, str]]
+) -> None:
+    sub = f"acl-{time.time_ns()}"
+    url = f"{CONTROL}/subscriptions/{sub}"
+    pull = {"type": "pull-wake", "streams": ["acl-subs/claimed"], "wake_stream": "acl-subs/wake"}
+    assert http.put(url, json=pull, headers=keys["ops"]).status_code == 201
+    http.put("/v1/stream/acl-subs/claimed", content=b"x",
+             headers={"Content-Type": "text/plain"} | keys["ops"])  # fmt: skip
+    assert http.post(f"{url}/claim", json={"worker": "w"}).status_code == 401
+    assert (
+        http.post(f"{url}/claim", json={"worker": "w"}, headers=keys["reader"]).status_code == 403
+    )
+    claimed = http.post(f"{url}/claim", json={"worker": "w"}, headers=keys["worker"])
+    assert claimed.status_code == 200, claimed.text
+    token, wake_id, generation = (claimed.json()[k] for k in ("token", "wake_id", "generation"))
+    # An API key is not a claim token; the claim token needs no API key besides.
+    key = keys["ops"]["Authorization"].removeprefix("Bearer ")
+    assert report(http, sub, "ack", key, wake_id, generation).status_code == 401
+    assert report(http, sub, "ack", token, wake_id, generation).status_code == 200
+
+
+def test_webhook_callbacks_work_with_their_token_alone(
+    http: httpx.Client, keys: dict[str, dict[str, str]]
+) -> None:
+    receiver = Receiver()
+    try:
+        sub = f"acl-{time.time_ns()}"
+        config = {"type": "webhook", "streams": ["acl-subs/hooked"],
+                  "webhook": {"url": receiver.url}}  # fmt: skip
+        assert http.put(f"{CONTROL}/subscriptions/{sub}", json=config,
+                        headers=keys["ops"]).status_code == 201  # fmt: skip
+        http.put("/v1/stream/acl-subs/hooked", content=b"x",
+                 headers={"Content-Type": "text/plain"} | keys["ops"])  # fmt: skip
+        (wake,) = receiver.wait(1)
+        assert http.get(f"{CONTROL}/jwks.json").status_code == 200  # public, no key
+        done = report(http, sub, "callback", wake.body["callback_token"], wake.body["wake_id"],
+                      wake.generation)  # fmt: skip
+        assert done.status_code == 200, done.text
+    finally:
+        receiver.close()

@@ -1,0 +1,187 @@
+"""Pull-wake delivery through the real server (PROTOCOL.md 7.2, 7.3): wake events written to
+the application's wake stream, claims racing for one lease, acks as heartbeats, release, lease
+expiry and generation fencing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.subscriptions.support import CONTROL, acked, get_subscription, report, wait_until
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"pull{time.time_ns()}"
+
+
+def wake_events(client: httpx.Client, wake_stream: str) -> list[dict[str, Any]]:
+    response = client.get(f"/v1/stream/{wake_stream}", params={"offset": "-1"})
+    assert response.status_code == 200
+    return response.json()
+
+
+def setup(client: httpx.Client, prefix: str, *, lease_ttl_ms: int = 30_000) -> tuple[str, str]:
+    wake_stream = f"{prefix}/wake"
+    client.put(f"/v1/stream/{wake_stream}", headers={"Content-Type": "application/json"})
+    sub = f"{prefix}-sub"
+    created = client.put(
+        f"{CONTROL}/subscriptions/{sub}",
+        json={"type": "pull-wake", "pattern": f"{prefix}/events/*", "wake_stream": wake_stream,
+              "lease_ttl_ms": lease_ttl_ms},
+    )  # fmt: skip
+    assert created.status_code == 201, created.text
+    assert created.json()["webhook"] is None and created.json()["wake_stream"] == wake_stream
+    return sub, wake_stream
+
+
+def claim(client: httpx.Client, sub: str, worker: str) -> httpx.Response:
+    return client.post(f"{CONTROL}/subscriptions/{sub}/claim", json={"worker": worker})
+
+
+def test_wake_event_claim_ack_release(client: httpx.Client, prefix: str) -> None:
+    """PROTOCOL.md 7.2: an append writes a wake event naming the subscription, the stream and
+    the generation; one worker claims (200 with a token), another gets 409 ALREADY_CLAIMED
+    with the holder; an ack without done extends the lease, with done it acks and ends;
+    release ends without acking, and pending work gets another wake event."""
+    sub, wake_stream = setup(client, prefix)
+    path = f"{prefix}/events/a"
+    client.put(f"/v1/stream/{path}", content=b"[1]", headers={"Content-Type": "application/json"})
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 1)
+    (event,) = wake_events(client, wake_stream)
+    assert event["type"] == "wake" and event["subscription_id"] == sub
+    assert event["stream"] == path and event["generation"] == 1
+    assert isinstance(event["ts"], int)
+    assert claim(client, f"{prefix}-nothing", "w").status_code == 404
+
+    claimed = claim(client, sub, "worker-1")
+    assert claimed.status_code == 200, claimed.text
+    first = claimed.json()
+    assert first["generation"] == 1 and first["lease_ttl_ms"] == 30_000
+    tail = next(s for s in first["streams"] if s["path"] == path)["tail_offset"]
+    busy = claim(client, sub, "worker-2")
+    assert busy.status_code == 409
+    assert busy.json()["error"] | {"message": None} == {
+        "code": "ALREADY_CLAIMED", "current_holder": "worker-1", "generation": 1, "message": None,
+    }  # fmt: skip
+
+    token, wake_id = first["token"], first["wake_id"]
+    heartbeat = report(client, sub, "ack", token, wake_id, 1, done=False)
+    assert heartbeat.status_code == 200 and heartbeat.json() == {"ok": True, "next_wake": False}
+    as_callback = report(client, sub, "callback", token, wake_id, 1)
+    assert as_callback.status_code in (400, 401)
+    done = report(client, sub, "ack", token, wake_id, 1, [(path, tail)])
+    assert done.status_code == 200 and done.json() == {"ok": True, "next_wake": False}
+    assert acked(client, sub)[path] == tail
+    stale = report(client, sub, "ack", token, wake_id, 1, [(path, tail)])
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "FENCED"
+    nothing = claim(client, sub, "worker-1")
+    assert nothing.status_code == 409 and nothing.json()["error"]["code"] == "NO_PENDING_WORK"
+
+    client.post(f"/v1/stream/{path}", content=b"[2]", headers={"Content-Type": "application/json"})
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 2)
+    second = claim(client, sub, "worker-2").json()
+    assert second["generation"] == 2
+    release = report(client, sub, "release", second["token"], second["wake_id"], 2)
+    assert release.status_code == 204
+    assert acked(client, sub)[path] == tail  # released, not acked
+    # Pending work remains: another wake event, for the next generation.
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 3)
+    assert wake_events(client, wake_stream)[-1]["generation"] == 3
+    third = claim(client, sub, "worker-3").json()
+    assert third["generation"] == 3
+
+
+def test_an_expired_lease_returns_the_subscription_to_pending(
+    client: httpx.Client, prefix: str
+) -> None:
+    """PROTOCOL.md 7.3: a worker that stops heartbeating loses the lease: another worker can
+    claim (a new generation), a wake event is written for it, and the first worker's ack is
+    FENCED and moves nothing."""
+    sub, wake_stream = setup(client, prefix, lease_ttl_ms=1000)
+    path = f"{prefix}/events/a"
+    client.put(f"/v1/stream/{path}", content=b"[1]", headers={"Content-Type": "application/json"})
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 1)
+    first = claim(client, sub, "slow-worker").json()
+    tail = first["streams"][0]["tail_offset"]
+    # The sweep ends the lease and writes a wake event for the next generation.
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 2, timeout=30)
+    assert wake_events(client, wake_stream)[-1]["generation"] == first["generation"] + 1
+    second = claim(client, sub, "fast-worker")
+    assert second.status_code == 200, second.text
+    assert second.json()["generation"] == first["generation"] + 1
+    late = report(client, sub, "ack", first["token"], first["wake_id"], first["generation"],
+                  [(path, tail)])  # fmt: skip
+    assert late.status_code == 409 and late.json()["error"]["code"] == "FENCED"
+    assert acked(client, sub)[path] == "0000000000000000_0000000000000000"
+
+
+def test_claims_racing_through_two_processes_get_one_lease(
+    client: httpx.Client, start_server: Any, prefix: str
+) -> None:
+    """Several server processes, one lease: of 12 claims at once, through two processes,
+    exactly one is granted."""
+    other = start_server()
+    sub, wake_stream = setup(client, prefix)
+    client.put(
+        f"/v1/stream/{prefix}/events/a", content=b"[1]",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 1)
+    statuses: list[int] = []
+
+    def race(base_url: str, worker: str) -> None:
+        with httpx.Client(base_url=base_url, timeout=30) as own:
+            statuses.append(claim(own, sub, worker).status_code)
+
+    threads = [
+        threading.Thread(target=race, args=(base, f"w{i}"))
+        for i, base in enumerate([client.base_url, other.base_url] * 6)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200] + [409] * 11
+
+
+def test_a_missing_wake_stream_is_recorded_and_the_wake_stays_claimable(
+    client: httpx.Client, prefix: str, pg: Any
+) -> None:
+    """PROTOCOL.md 7.2 says the application creates the wake stream: without it the wake is
+    still issued (a claim gets it) and the reason is recorded for the operator."""
+    sub = f"{prefix}-nowake"
+    created = client.put(
+        f"{CONTROL}/subscriptions/{sub}",
+        json={"type": "pull-wake", "streams": [f"{prefix}/s"], "wake_stream": f"{prefix}/w"},
+    )
+    assert created.status_code == 201
+    client.put(f"/v1/stream/{prefix}/s", content=b"x", headers={"Content-Type": "text/plain"})
+
+    def last_error() -> str:
+        query = "SELECT last_error FROM ds_subscription WHERE subscription_id = %s"
+        return pg.execute(query, (sub,)).fetchone()[0]
+
+    wait_until(lambda: last_error() != "")
+    error = last_error()
+    assert claim(client, sub, "w").status_code == 200
+    assert get_subscription(client, sub)["status"] == "active"
+    assert error == f"the wake stream {prefix}/w does not exist"
+
+
+def test_claim_bodies_and_types_are_checked(client: httpx.Client, prefix: str) -> None:
+    sub, _ = setup(client, prefix)
+    url = f"{CONTROL}/subscriptions/{sub}/claim"
+    for body in (b"", b"{", b'{"worker": ""}', b'{"worker": 5}', b'["w"]'):
+        response = client.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (body, response.text)
+    hook = f"{prefix}-hook"
+    client.put(
+        f"{CONTROL}/subscriptions/{hook}",
+        json={"type": "webhook", "streams": ["x"], "webhook": {"url": "http://127.0.0.1:9/"}},
+    )
+    assert claim(client, hook, "w").status_code == 400
