@@ -166,6 +166,7 @@ LOGGING = {
             "access",
             "subscriptions",
             "console",
+            "tablesync",
             "durable_project",
             "ds",
         )
