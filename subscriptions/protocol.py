@@ -200,7 +200,14 @@ class SubscriptionConfig:
 
     def readable_prefixes(self) -> list[str]:
         """Stream paths (prefixes) whose events the subscription would hand to its worker."""
-        prefixes = [glob_prefix(self.pattern)] if self.pattern is not None else []
+        prefixes = []
+        if self.pattern is not None:
+            prefix = glob_prefix(self.pattern)
+            prefixes.append(prefix)
+            # `a/**` matches the stream `a` too (`**` may stand for no segment), which the
+            # prefix `a/` does not cover.
+            if prefix.endswith("/") and glob_matches(self.pattern, prefix[:-1]):
+                prefixes.append(prefix[:-1])
         return prefixes + list(self.streams)
 
 

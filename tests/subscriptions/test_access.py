@@ -73,6 +73,22 @@ def test_management_needs_its_grants(http: httpx.Client, keys: dict[str, dict[st
     assert http.delete(url, headers=keys["ops"]).status_code == 204
 
 
+def test_a_pattern_needs_read_on_every_stream_it_can_match(
+    http: httpx.Client, keys: dict[str, dict[str, str]]
+) -> None:
+    """``acl-subs/**`` also matches the stream ``acl-subs`` itself (``**`` may stand for no
+    segment): a key that may read only below ``acl-subs/`` may not subscribe to it, since its
+    wakes would name that stream and its offsets; ``acl-subs/*/**`` cannot match it."""
+    url = f"{CONTROL}/subscriptions/acl-{time.time_ns()}"
+    pull = {"type": "pull-wake", "pattern": "acl-subs/**", "wake_stream": "acl-subs/wake"}
+    refused = http.put(url, json=pull, headers=keys["ops"])
+    assert refused.status_code == 403, refused.text
+    assert "may not read stream/acl-subs" in refused.text
+    narrower = {**pull, "pattern": "acl-subs/*/**"}
+    assert http.put(url, json=narrower, headers=keys["ops"]).status_code == 201
+    assert http.delete(url, headers=keys["ops"]).status_code == 204
+
+
 def test_claims_need_append_and_acks_need_the_claim_token(
     http: httpx.Client, keys: dict[str, dict[str, str]]
 ) -> None:
