@@ -184,7 +184,7 @@ def test_unknown_methods(server: Any, client: httpx.Client, text_stream: str, me
     "raw_path",
     ["/v1/stream/a/%2e%2e/b", "/v1/stream/%2E%2E", "/v1/stream/a/%2e/b", "/v1/stream/a/../b",
      "/v1/stream/a%00b", "/v1/stream/%ff%fe", "/v1/stream/a//b", "/v1/stream/a/",
-     "/v1/stream/", "/v1/stream/__ds/subscriptions/x", "/v1/stream/a%0d%0aSet-Cookie:x",
+     "/v1/stream/", "/v1/stream/__ds", "/v1/stream/a%0d%0aSet-Cookie:x",
      "/v1/stream/" + "x" * 2000],
 )  # fmt: skip
 @pytest.mark.parametrize("method", ["PUT", "POST", "GET", "HEAD", "DELETE"])
@@ -192,6 +192,18 @@ def test_path_tricks(server: Any, raw_path: str, method: str) -> None:
     """PROTOCOL.md 12.2: traversal, NUL, invalid UTF-8 and reserved prefixes are 400 and never
     reach storage."""
     assert raw_request(server, method, raw_path) == 400
+
+
+@pytest.mark.parametrize("method", ["PUT", "POST", "GET", "HEAD", "DELETE"])
+def test_the_reserved_prefix_is_never_a_stream(
+    server: Any, client: httpx.Client, method: str
+) -> None:
+    """PROTOCOL.md 6: ``__ds/`` belongs to the control APIs (subscriptions); any other path
+    under it is 404 from them, whatever the method, and no stream comes into being."""
+    assert raw_request(server, method, "/v1/stream/__ds/not-an-api/x") == 404
+    assert client.head("/v1/stream/__ds").status_code == 400
+    listed = client.get("/v1/streams", params={"prefix": "__ds/not-an-api"})
+    assert listed.status_code == 200 and "not-an-api" not in listed.text
 
 
 def test_double_encoded_path_is_a_literal_name(client: httpx.Client) -> None:

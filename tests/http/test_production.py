@@ -128,10 +128,14 @@ def test_idle_sse_readers_cost_no_queries(own_database: str, tmp_path: Path) -> 
     server has a database of its own; over the 14 s measured its own periodic work (the LISTEN
     heartbeat and the state sweep, each every 5 s, with the pool's check of a connection idle
     for more than a second) and the measurement make a few dozen transactions at most, where a
-    re-read per keep-alive would make 600."""
-    server = ServerProcess(
-        own_database, {"DS_SERVER__SSE_KEEPALIVE_SECS": "0.1"}, tmp_path / "idle.log", "uvicorn"
-    )
+    re-read per keep-alive would make 600. The sweeps of subscriptions (every second) and sinks
+    are slowed down here: they are periodic work, not the readers'."""
+    env = {
+        "DS_SERVER__SSE_KEEPALIVE_SECS": "0.1",
+        "DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS": "60",
+        "DS_TABLESYNC__SWEEP_INTERVAL_SECS": "60",
+    }
+    server = ServerProcess(own_database, env, tmp_path / "idle.log", "uvicorn")
     try:
         keepalives, queries = _idle_sse(server, own_database)
     finally:

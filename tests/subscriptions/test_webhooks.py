@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.subscriptions.conftest import StartServer
 from tests.subscriptions.support import (
     CONTROL,
     Received,
@@ -285,18 +286,23 @@ def test_failed_deliveries_are_retried_on_the_persisted_schedule(
         assert later.arrived > earlier.arrived
 
 
-def test_delivery_metrics(client: httpx.Client, receivers: list[Receiver], prefix: str) -> None:
+def test_delivery_metrics(own_servers: StartServer, receivers: list[Receiver], prefix: str) -> None:
+    """The delivering process counts the webhook and its duration. On a database of its own:
+    every server process of a database may deliver a wake, and only this server's /metrics
+    is read."""
+    server = own_servers()
     receiver = start(receivers, lambda received: (200, {"done": True}))
-    subscribe(client, f"{prefix}-metrics", receiver, pattern=f"{prefix}/*")
-    create(client, f"{prefix}/s", b"x")
-    receiver.wait(1)
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        subscribe(client, f"{prefix}-metrics", receiver, pattern=f"{prefix}/*")
+        create(client, f"{prefix}/s", b"x")
+        receiver.wait(1)
 
-    def counted() -> bool:
+        def counted() -> bool:
+            text = client.get("/metrics").text
+            return 'ds_subscription_webhooks_total{outcome="done"}' in text
+
+        wait_until(counted, timeout=10)
         text = client.get("/metrics").text
-        return 'ds_subscription_webhooks_total{outcome="done"}' in text
-
-    wait_until(counted, timeout=10)
-    text = client.get("/metrics").text
     assert "ds_subscription_webhook_duration_seconds_bucket" in text
     assert "ds_subscription_wake_seconds_bucket" in text
 

@@ -971,14 +971,15 @@ def test_internal_streams_are_not_reachable_through_the_stream_endpoint(
     http: httpx.Client, doc: DocRef
 ) -> None:
     """Single URL design (4) and PROTOCOL.md 6: the streams behind a document live under the
-    reserved ``__ds/`` prefix, which the base endpoint refuses, so no one can close or rewrite
-    a document behind the Yjs endpoint's back."""
+    reserved ``__ds/`` prefix, which belongs to the control APIs (subscriptions), never to the
+    base endpoint: there it is no API (404), so no one can close or rewrite a document behind
+    the Yjs endpoint's back."""
     post_ok(http, doc.url, frame(Writer().edit("x")))
     before = state(http, doc.url)
     internal = f"/v1/stream/__ds/yjs/{doc.service}/docs/{doc.path}"
-    assert http.post(internal, headers={**OCTET, "Stream-Closed": "true"}).status_code == 400
-    assert http.delete(internal).status_code == 400
-    assert http.get(internal, params={"offset": "-1"}).status_code == 400
+    assert http.post(internal, headers={**OCTET, "Stream-Closed": "true"}).status_code == 404
+    assert http.delete(internal).status_code == 404
+    assert http.get(internal, params={"offset": "-1"}).status_code == 404
     assert state(http, doc.url) == before
 
 
