@@ -55,7 +55,7 @@ DECLARE
 BEGIN
     FOREACH p IN ARRAY p_paths LOOP
         PERFORM ds_create(p, 'text/plain', NULL, NULL, false, '{}'::bytea[], 1073741824,
-            NULL, NULL, NULL, NULL, NULL);
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL);
     END LOOP;
     RETURN extract(epoch FROM clock_timestamp() - t);
 END $$;
