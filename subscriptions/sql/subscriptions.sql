@@ -186,6 +186,18 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- Management (PROTOCOL.md 6)
 
+-- Explicit links of subscription p_sid to p_streams, each at its stream's tail (0 for a
+-- stream not created yet); a stream already linked (by the glob) is marked explicit, its
+-- cursor kept.
+CREATE OR REPLACE FUNCTION ds_sub_link_explicit(p_sid bigint, p_streams text[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
+    SELECT p_sid, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
+      FROM unnest(p_streams) AS p(path)
+      LEFT JOIN ds_stream AS t ON t.path = p.path AND t.deleted_at IS NULL
+    ON CONFLICT (sid, path) DO UPDATE SET explicit = true;
+$$;
+
 -- Create, or re-confirm with the same configuration hash (6.2). New links start at the
 -- stream's tail: explicit streams, and existing streams the pattern matches (the backfill).
 -- Only a pattern needs the link lock (ds_sub_link_lock); two creations of one id race on the
@@ -223,10 +235,7 @@ BEGIN
         SELECT config_hash INTO v_hash FROM ds_subscription WHERE subscription_id = p_id;
         RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
     END IF;
-    INSERT INTO ds_subscription_link (sid, path, explicit, glob, acked_seq, acked_pos)
-    SELECT v_sid, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
-      FROM unnest(p_streams) AS p(path)
-      LEFT JOIN ds_stream AS t ON t.path = p.path AND t.deleted_at IS NULL;
+    PERFORM ds_sub_link_explicit(v_sid, p_streams);
     IF p_regex IS NOT NULL THEN
         INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
         SELECT v_sid, t.path, false, true, t.next_seq, t.next_pos
@@ -271,11 +280,7 @@ BEGIN
     ELSIF s.wake_stream = ANY (p_streams) THEN
         RETURN 'invalid_stream';
     END IF;
-    INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
-    SELECT s.id, p.path, true, false, coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)
-      FROM unnest(p_streams) AS p(path)
-      LEFT JOIN ds_stream AS t ON t.path = p.path AND t.deleted_at IS NULL
-    ON CONFLICT (sid, path) DO UPDATE SET explicit = true;
+    PERFORM ds_sub_link_explicit(s.id, p_streams);
     RETURN 'ok';
 END;
 $$;
