@@ -1,6 +1,8 @@
 # Set-up, run and test. `make run` and `make test` are all a fresh machine needs.
 SHELL := /bin/bash
-PYTHON ?= python3
+# The virtualenv's interpreter: the distribution's optimized CPython when it has one
+# (scripts/pick-python.sh says why). An existing .venv keeps the interpreter it was made with.
+PYTHON ?= $(shell scripts/pick-python.sh)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000

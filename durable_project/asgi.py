@@ -13,6 +13,7 @@ request bodies (``durable_project.guard``). Every route is observed the same way
 
 from __future__ import annotations
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -59,3 +60,9 @@ application = with_lifespan(
         )
     )
 )
+
+# Everything imported so far lives as long as the process: moved out of the cyclic garbage
+# collector's reach, a collection no longer walks Django's and the apps' module graph again.
+# Measured: 7% less CPU per append, 5% lower round trip (docs/benchmarks.md).
+gc.collect()
+gc.freeze()
