@@ -32,8 +32,12 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 
 
 class RequestIdFilter(logging.Filter):
+    """Gives a record the id of the request whose work logs it, unless it was made with one
+    (the request lines, logged after their request: ``streams.http.observe``)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id.get()
         return True
 
 

@@ -28,6 +28,7 @@ from django.conf import settings
 from psycopg_pool import PoolTimeout
 
 from streams import metrics
+from streams.http.observe import request_lines
 from streams.live import hub
 from streams.services import retention
 from streams.store import maintenance
@@ -44,7 +45,7 @@ Stopper = Callable[[], Any]
 _starters: list[Starter] = []
 # Tasks of this module's own (periodic work, the late schema check), cancelled at shutdown.
 _background: set[asyncio.Task[None]] = set()
-_stoppers: list[Stopper] = [metrics.forget_process]
+_stoppers: list[Stopper] = [metrics.forget_process, request_lines.flush]
 
 
 def _periodic(name: str, interval: float, work: Callable[[], Awaitable[Any]]) -> Starter:

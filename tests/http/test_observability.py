@@ -13,8 +13,10 @@ import asyncio
 import json
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -191,6 +193,38 @@ def test_request_ids_and_structured_logs(two_workers: ServerProcess) -> None:
     assert by_id["abc-123.x"]["status"] == 201 and by_id["abc-123.x"]["route"] == "stream"
     assert by_id[generated]["status"] == 200 and "duration_ms" in by_id[generated]
     assert "SECRETBODY" not in log and "secretkey" not in log
+
+
+def test_request_lines_are_all_written_when_the_server_stops(start_server: Any) -> None:
+    """Request lines are logged in batches a moment after their requests
+    (streams.http.observe.RequestLines): a server stopped right after answering still writes
+    every one, each with its own request's id, status and time."""
+    server = start_server(env={"DS_LOG__FORMAT": "json", "DS_LOG_LEVEL": "INFO"}, workers=2)
+    url = server.stream_url(f"request-lines-{time.time_ns()}")
+    sent = {}
+    with httpx.Client() as client:
+        assert client.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+        for number in range(40):
+            began = time.time()
+            answer = client.post(
+                url,
+                headers={"Content-Type": "text/plain", "X-Request-Id": f"line-{number}"},
+                content=b"x",
+            )
+            assert answer.status_code == 204
+            sent[f"line-{number}"] = (began, time.time())
+    server.stop()
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+             if line.startswith("{")]  # fmt: skip
+    logged = {line["request_id"]: line for line in lines if line["logger"] == "ds.request"}
+    assert set(sent) <= set(logged)
+    for rid, (began, answered) in sent.items():
+        line = logged[rid]
+        assert (line["status"], line["route"]) == (204, "stream")
+        assert line["message"] == f"POST {urlsplit(url).path} 204"
+        when = datetime.fromisoformat(line["time"]).timestamp()
+        # The time of the answer (to the millisecond), not of the batch's writing.
+        assert began - 0.002 <= when <= answered + 0.002
 
 
 def test_metrics_need_a_grant_in_keys_mode(start_server: Any, database_url: str) -> None:
