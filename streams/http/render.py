@@ -124,8 +124,8 @@ def body_of(meta: StreamMeta, payload: bytes) -> bytes:
 
 
 def body_parts(meta: StreamMeta, result: ReadResult) -> bytes | list[bytes]:
-    """The body of a read, in pieces when it has several (sent one after another, never
-    joined: a large read is not copied into one more buffer)."""
+    """The body of a read, in pieces when it has several (sent in blocks of about a MiB:
+    streams.http.responses.send_response)."""
     if len(result.parts) <= 1:
         return body_of(meta, result.payload)
     if meta.is_json:

@@ -150,6 +150,30 @@ async def send_response(
     if isinstance(body, bytes):
         await send({"type": "http.response.body", "body": body})
         return
-    for index, part in enumerate(body):
-        more = index < len(body) - 1
-        await send({"type": "http.response.body", "body": part, "more_body": more})
+    blocks = _blocks(body)
+    for index, block in enumerate(blocks):
+        more = index < len(blocks) - 1
+        await send({"type": "http.response.body", "body": block, "more_body": more})
+
+
+# A large read's pieces (its messages) go out joined into blocks of about this many bytes.
+BLOCK_BYTES = 1024 * 1024
+
+
+def _blocks(pieces: list[bytes]) -> list[bytes]:
+    """``pieces`` joined into blocks of about ``BLOCK_BYTES``. Each body message costs the
+    ASGI server a pass through its send path and the kernel a write: sent one by one, the 64
+    pieces of a 4 MiB read of 64 KiB messages took 17% longer than a join of them costs
+    (docs/benchmarks.md)."""
+    blocks: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        group.append(piece)
+        size += len(piece)
+        if size >= BLOCK_BYTES:
+            blocks.append(b"".join(group))
+            group, size = [], 0
+    if group or not blocks:
+        blocks.append(b"".join(group))
+    return blocks

@@ -68,7 +68,8 @@ class StreamMeta:
 class ReadResult:
     # The messages read, as pieces whose concatenation is the payload: the messages
     # concatenated, or for JSON joined with commas (the body is this in brackets:
-    # streams.protocol.json_mode). Pieces, so a large read is sent without joining it.
+    # streams.protocol.json_mode). Pieces, so a large read is joined only into the blocks
+    # it is sent in (streams.http.responses).
     parts: tuple[bytes, ...]
     count: int
     start: Offset

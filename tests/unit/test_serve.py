@@ -12,9 +12,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams import lifecycle
 from streams.errors import NotFound
+from streams.http import responses
 from streams.http.app import serve
 
 pytestmark = pytest.mark.django_db(databases=[])
@@ -84,3 +87,13 @@ def test_error_before_the_response_is_answered() -> None:
     sent = asyncio.run(_drive(handler, method="POST"))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 500
     assert sent[-1].get("more_body", False) is False
+
+
+@given(st.lists(st.binary(max_size=300_000), max_size=40))
+def test_a_read_in_pieces_goes_out_whole_in_blocks(pieces: list[bytes]) -> None:
+    """A large read's pieces are sent joined into blocks of about BLOCK_BYTES: the same bytes in
+    the same order, every block but the last at least BLOCK_BYTES long."""
+    blocks = responses._blocks(pieces)
+    assert b"".join(blocks) == b"".join(pieces)
+    assert all(len(block) >= responses.BLOCK_BYTES for block in blocks[:-1])
+    assert len(blocks) <= max(1, len(pieces))
