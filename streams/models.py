@@ -29,7 +29,9 @@ class Stream(models.Model):
     path = models.TextField(unique=True)
     content_type = models.TextField()
     created_at = models.DateTimeField()
-    # Sliding TTL (PROTOCOL.md 5.1): expires `ttl_seconds` after `accessed_at`.
+    # Sliding TTL (PROTOCOL.md 5.1): expires `ttl_seconds` after `accessed_at`. Kept up to date
+    # only for streams with a TTL (for others it stays the creation time): it is indexed, and
+    # changing it at every append would rule out HOT updates of the row.
     accessed_at = models.DateTimeField()
     ttl_seconds = models.BigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -224,6 +224,26 @@ def test_appended_and_duplicate(path: str) -> None:
     run(scenario)
 
 
+def test_only_a_sliding_ttl_makes_appends_renew_accessed_at(path: str, pg: Any) -> None:
+    """accessed_at is what a sliding TTL counts from (PROTOCOL.md 5.1), and it is indexed:
+    an append changes it only on a stream with a TTL, so the append of any other stream
+    updates its row in place (a HOT update, no new entry in every index of ds_stream)."""
+    accessed = "SELECT accessed_at FROM ds_stream WHERE path = %s"
+
+    async def scenario() -> None:
+        await create(path)
+        await create(f"{path}-ttl", ttl_seconds=3600)
+        untouched = pg.execute(accessed, [path]).fetchone()[0]
+        renewed = pg.execute(accessed, [f"{path}-ttl"]).fetchone()[0]
+        for stream in (path, f"{path}-ttl"):
+            (result,) = await batch(stream, append(stream, b"a"))
+            assert isinstance(result, AppendResult)
+        assert pg.execute(accessed, [path]).fetchone()[0] == untouched
+        assert pg.execute(accessed, [f"{path}-ttl"]).fetchone()[0] > renewed
+
+    run(scenario)
+
+
 def test_not_found_and_gone(path: str) -> None:
     async def scenario() -> None:
         (missing,) = await batch(path, append(path))

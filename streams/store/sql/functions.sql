@@ -787,7 +787,11 @@ BEGIN
            SET next_seq = v_seq, next_pos = v_pos, closed = v_closed,
                closed_by_producer = v_closed_by, closed_by_epoch = v_closed_epoch,
                closed_by_seq = v_closed_seq, last_stream_seq = v_stream_seq,
-               accessed_at = now()
+               -- Only a sliding TTL counts from the last access. accessed_at is indexed:
+               -- changing it for every append ruled out HOT updates, so each append added
+               -- an entry to every index of ds_stream (docs/benchmarks.md).
+               accessed_at = CASE WHEN s.ttl_seconds IS NOT NULL THEN now()
+                                  ELSE t.accessed_at END
          WHERE t.id = s.id;
         PERFORM pg_notify('ds_streams', ds_notify_payload(
             s, v_seq, v_closed, p_lengths, p_data, NOT (false = ANY (v_accept))));
