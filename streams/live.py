@@ -12,6 +12,15 @@ authority (docs/decisions.md).
 Readers subscribe BEFORE they read and wait after, so a change between the read and the wait is
 never missed. While a subscription waits it holds no database connection. If the LISTEN
 connection drops, it reconnects with backoff and wakes every waiter once (they re-read).
+
+Watched streams: an append notifies only while its stream is marked watched
+(``ds_stream.watched_until``), so appends nobody follows cost neither PostgreSQL nor any
+process a notification (every process receives every notification: 10% of the appends a
+server could take, measured). A process marks a stream when a reader subscribes, BEFORE the
+reader reads; the mark is an update of the stream's row, which waits for the appends in flight
+to commit, so every append either committed before the mark (the read finds it) or sees the
+mark (and notifies). Marks last ``WATCH_SECS`` and are renewed every ``WATCH_REFRESH_SECS``
+while readers remain; concurrent readers of a stream share one mark.
 """
 
 from __future__ import annotations
@@ -40,6 +49,12 @@ CHANNEL = "ds_streams"
 # Recent local appends kept per watched stream, and the largest one worth keeping.
 RECENT_APPENDS = 64
 RECENT_MAX_BYTES = 256 * 1024
+# How long a mark keeps a stream watched, and how old a mark is renewed (seconds): a process
+# may fail to renew for WATCH_SECS - WATCH_REFRESH_SECS before its readers miss anything.
+WATCH_SECS = 60.0
+WATCH_REFRESH_SECS = 20.0
+# How often the marks of streams still watched are checked for renewal (seconds).
+WATCH_CHECK_SECS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +131,11 @@ class LiveHub:
         # Local commits and their notifications, matched to measure notification lag:
         # (stream id, next seq) -> (which came first: "c"ommit or "n"otify, when).
         self._lag_marks: dict[tuple[int, int], tuple[str, float]] = {}
+        # Watched streams: when this process last marked each (monotonic seconds), the marks
+        # being written, and the task that renews them.
+        self._marked: dict[int, float] = {}
+        self._marking: dict[int, asyncio.Future[None]] = {}
+        self._renewer: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
     async def subscribe(self, stream_id: int) -> AsyncIterator[Subscription]:
@@ -123,6 +143,7 @@ class LiveHub:
         subscription = Subscription(ended=self._closing)
         self._subscriptions.setdefault(stream_id, set()).add(subscription)
         try:
+            await self._watch(stream_id)
             yield subscription
         finally:
             subscribers = self._subscriptions.get(stream_id)
@@ -139,7 +160,8 @@ class LiveHub:
         """A local commit: keep its data for local readers, then wake them."""
         for entry in appended:
             self._remember(stream_id, entry)
-        self._mark_lag((stream_id, next_seq), "c")
+        if stream_id in self._subscriptions:  # else no notification comes to match it
+            self._mark_lag((stream_id, next_seq), "c")
         self._changed(stream_id, next_seq, "c" if closed else "o")
 
     def close_readers(self) -> None:
@@ -239,6 +261,16 @@ class LiveHub:
         elif other[0] != side:
             metrics.NOTIFY_LAG.observe(now - other[1] if side == "n" else 0.0)
 
+    async def _remark_all(self) -> None:
+        """After a (re)connection: mark every watched stream again before its readers re-read,
+        in case the marks ran out while the database was unreachable."""
+        if not self._subscriptions:
+            return
+        try:
+            await self._mark(list(self._subscriptions))
+        except Exception as exc:  # noqa: BLE001 - the renewal tries again
+            logger.warning("could not mark %d watched streams: %s", len(self._subscriptions), exc)
+
     def _wake_all(self) -> None:
         # Notifications may have been missed: what is kept can no longer be known complete.
         self._seen.clear()
@@ -251,6 +283,46 @@ class LiveHub:
         for subscribers in self._subscriptions.values():
             for subscription in subscribers:
                 subscription.wake()
+
+    async def _watch(self, stream_id: int) -> None:
+        """Make sure the stream is marked watched for a while yet: a database write at most
+        every WATCH_REFRESH_SECS per stream, shared by readers subscribing meanwhile."""
+        marked = self._marked.get(stream_id)
+        if marked is not None and time.monotonic() - marked < WATCH_REFRESH_SECS:
+            return
+        pending = self._marking.get(stream_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._mark([stream_id]))
+            self._marking[stream_id] = pending
+            pending.add_done_callback(lambda _: self._marking.pop(stream_id, None))
+        await asyncio.shield(pending)
+
+    async def _mark(self, stream_ids: list[int]) -> None:
+        from streams.store.writes import watch_streams
+
+        began = time.monotonic()
+        await watch_streams(stream_ids, WATCH_SECS)
+        for stream_id in stream_ids:
+            self._marked[stream_id] = began
+
+    async def _renew(self) -> None:
+        """Renew the marks of the streams this process still watches; forget the others."""
+        while True:
+            await asyncio.sleep(WATCH_CHECK_SECS)
+            now = time.monotonic()
+            for stream_id, marked in list(self._marked.items()):
+                if stream_id not in self._subscriptions and now - marked >= WATCH_REFRESH_SECS:
+                    del self._marked[stream_id]
+            due = [
+                stream_id
+                for stream_id in self._subscriptions
+                if now - self._marked.get(stream_id, -WATCH_SECS) >= WATCH_REFRESH_SECS
+            ]
+            if due:
+                try:
+                    await self._mark(due)
+                except Exception as exc:  # noqa: BLE001 - tried again at the next check
+                    logger.warning("could not renew %d watched streams: %s", len(due), exc)
 
     def _on_notify(self, payload: str) -> None:
         """``"<id>:<next seq>:<o|c|d>"``, and for small appends that stored every request
@@ -284,6 +356,7 @@ class LiveHub:
             self._loop = loop
             self._listening = asyncio.Event()
             self._listener = loop.create_task(self._listen(), name="ds-live-listener")
+            self._renewer = loop.create_task(self._renew(), name="ds-live-watch-renewal")
         if not self._listening.is_set():
             # First subscriber: wait (briefly) until LISTEN is active, so that nothing committed
             # between its read and its wait is missed. If the database is down, go on: the
@@ -297,11 +370,12 @@ class LiveHub:
         await self._ensure_listener()
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
+        for task in (self._listener, self._renewer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._listener = self._renewer = None
 
     async def _listen(self) -> None:
         from streams.store.pool import conninfo
@@ -321,6 +395,7 @@ class LiveHub:
                     await conn.execute(f"LISTEN {heartbeat}")
                     self.last_heard = time.monotonic()
                     self._listening.set()
+                    await self._remark_all()
                     self._wake_all()
                     backoff = 0.1
                     logger.info("listening for stream changes")

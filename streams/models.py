@@ -34,6 +34,9 @@ class Stream(models.Model):
     # changing it at every append would rule out HOT updates of the row.
     accessed_at = models.DateTimeField()
     ttl_seconds = models.BigIntegerField(null=True, blank=True)
+    # Until when some server process has a live reader of the stream: appends notify
+    # (NOTIFY) only while it is in the future (streams.live: Watched streams).
+    watched_until = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     # Tail: messages and bytes written so far (fork: including the inherited prefix).
     next_seq = models.BigIntegerField(default=0)

@@ -13,6 +13,7 @@ long-poll timeout.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import statistics
 import time
@@ -20,9 +21,11 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 DELIVERY_BOUND_SECONDS = 0.100
+JSON = {"Content-Type": "application/json"}
 ROUNDS = 7
 ANY_ROUND_BOUND_SECONDS = 1.0
 
@@ -222,3 +225,132 @@ def test_interleaved_writers_on_two_processes_reach_live_readers_in_order(
             assert items == stored
 
     asyncio.run(scenario())
+
+
+def test_appends_notify_only_streams_someone_follows(
+    two_servers: tuple[Any, Any], database_url: str
+) -> None:
+    """Watched streams (streams.live): an append to a stream no process follows sends no
+    notification; once a reader on process 1 follows it, process 2's appends notify, and the
+    reader is woken by them. Notifications arrive in commit order, so once the second append's
+    has arrived, one for the first would have arrived before it."""
+    first, second = two_servers
+    path = f"multiprocess/watched-{time.time_ns()}"
+    url_1, url_2 = first.stream_url(path), second.stream_url(path)
+    with (
+        psycopg.connect(database_url, autocommit=True) as listener,
+        httpx.Client(timeout=10) as client,
+    ):
+        listener.execute("LISTEN ds_streams")
+        assert client.put(url_1, headers={"Content-Type": "text/plain"}).status_code == 201
+        stream_id, watched = listener.execute(
+            "SELECT id, watched_until FROM ds_stream WHERE path = %s", (path,)
+        ).fetchone()
+        assert watched is None
+        unfollowed = client.post(url_2, content=b"a", headers={"Content-Type": "text/plain"})
+        assert unfollowed.status_code == 204
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(
+                client.get,
+                url_1,
+                params={"offset": unfollowed.headers["Stream-Next-Offset"], "live": "long-poll"},
+            )
+            deadline = time.monotonic() + 10
+            while listener.execute(
+                "SELECT watched_until > now() FROM ds_stream WHERE id = %s", (stream_id,)
+            ).fetchone() != (True,):
+                assert time.monotonic() < deadline, "the long-poll never marked the stream"
+                time.sleep(0.02)
+            followed = client.post(url_2, content=b"b", headers={"Content-Type": "text/plain"})
+            assert followed.status_code == 204
+            answer = poll.result(timeout=10)
+        assert answer.status_code == 200 and answer.content == b"b"
+        mine = []
+        for notify in listener.notifies(timeout=10):
+            if notify.payload.startswith(f"{stream_id}:"):
+                mine.append(notify.payload.split(":")[1])
+                break
+    assert mine == ["2"]  # the second append's (next seq 2), and nothing before it
+
+
+def test_readers_joining_while_another_process_appends_miss_nothing(
+    two_servers: tuple[Any, Any],
+) -> None:
+    """A reader's process marks the stream watched before the reader's first read, while the
+    other process appends as fast as it can: for ten fresh streams, SSE readers on process 1
+    joining mid-stream receive every append made through process 2 (an append committed
+    between a read and a missing mark would never reach them)."""
+    first, second = two_servers
+
+    async def round_(client: httpx.AsyncClient, number: int) -> None:
+        path = f"multiprocess/joining-{time.time_ns()}-{number}"
+        url_1, url_2 = first.stream_url(path), second.stream_url(path)
+        created = await client.put(url_2, headers=JSON)
+        assert created.status_code == 201
+
+        async def writer() -> None:
+            for n in range(60):
+                body = json.dumps({"n": n})
+                answer = await client.post(url_2, content=body, headers=JSON)
+                assert answer.status_code == 204
+                if n == 10:
+                    reader.set()
+            closed = await client.post(url_2, headers={"Stream-Closed": "true"})
+            assert closed.status_code == 204
+
+        reader = asyncio.Event()
+        writing = asyncio.create_task(writer())
+        await reader.wait()
+        received = await asyncio.wait_for(_sse_until_closed(client, url_1), 15)
+        await writing
+        assert [item["n"] for item in received] == list(range(60))
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=20) as client:
+            for number in range(10):
+                await round_(client, number)
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_reads_only_after_its_stream_is_marked_watched(
+    server: Any, database_url: str
+) -> None:
+    """The order that makes watched streams safe: a reader's mark waits for the appends in
+    flight on its stream (their row lock), and the reader reads only after the mark. Here the
+    test holds the row lock, appends through it (unmarked: no notification) while a long-poll
+    is waiting to mark, and commits: the long-poll must then read that append at once. Had it
+    read before its mark, it would have found nothing and waited, unwoken, for its timeout."""
+    path = f"multiprocess/mark-order-{time.time_ns()}"
+    url = server.stream_url(path)
+    with (
+        psycopg.connect(database_url, autocommit=True) as holder,
+        httpx.Client(timeout=10) as client,
+    ):
+        created = client.put(url, headers={"Content-Type": "text/plain"})
+        assert created.status_code == 201
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", (path,))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(
+                client.get,
+                url,
+                params={"offset": created.headers["Stream-Next-Offset"], "live": "long-poll"},
+            )
+            deadline = time.monotonic() + 10
+            with psycopg.connect(database_url, autocommit=True) as observer:
+                while not observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE 'UPDATE ds_stream AS t SET watched_until%%'"
+                ).fetchone()[0]:
+                    assert time.monotonic() < deadline, "the long-poll never tried to mark"
+                    time.sleep(0.02)
+            descriptor = '[["text/plain", false, null, null, null, null, 1, 5, null]]'
+            (outcome,) = holder.execute(
+                "SELECT outcome FROM ds_append(%s, %s::jsonb, '{5}', '{1}', %s, %s)",
+                (path, descriptor, b"early", 1 << 30),
+            ).fetchone()
+            assert outcome == "appended"
+            holder.execute("COMMIT")
+            answer = poll.result(timeout=10)
+    assert answer.status_code == 200 and answer.content == b"early"

@@ -793,8 +793,14 @@ BEGIN
                accessed_at = CASE WHEN s.ttl_seconds IS NOT NULL THEN now()
                                   ELSE t.accessed_at END
          WHERE t.id = s.id;
-        PERFORM pg_notify('ds_streams', ds_notify_payload(
-            s, v_seq, v_closed, p_lengths, p_data, NOT (false = ANY (v_accept))));
+        -- Readers in other processes hear of it only while some process watches the stream
+        -- (streams.live). A process marks a stream watched BEFORE its readers read it, and the
+        -- mark waits for this row lock: an append either committed before the mark (its
+        -- readers read it) or sees the mark (its readers are notified).
+        IF s.watched_until > now() THEN
+            PERFORM pg_notify('ds_streams', ds_notify_payload(
+                s, v_seq, v_closed, p_lengths, p_data, NOT (false = ANY (v_accept))));
+        END IF;
     ELSIF s.ttl_seconds IS NOT NULL THEN
         UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
     END IF;
