@@ -139,8 +139,11 @@ BEGIN
     UPDATE ds_stream
        SET next_seq = r.next_seq + 1, next_pos = r.next_pos + octet_length(v_data)
      WHERE id = r.id;
-    PERFORM pg_notify('ds_streams', ds_notify_payload(
-        r, r.next_seq + 1, false, ARRAY[octet_length(v_data)], v_data, true));
+    -- As ds_append: only while some process follows the registry (streams.live).
+    IF r.watched_until > now() THEN
+        PERFORM pg_notify('ds_streams', ds_notify_payload(
+            r, r.next_seq + 1, false, ARRAY[octet_length(v_data)], v_data, true));
+    END IF;
 END;
 $$;
 
