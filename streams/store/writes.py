@@ -139,21 +139,11 @@ async def delete_stream(path: str) -> DeleteOutcome:
     return outcome
 
 
-# Marks streams watched: their appends notify until then (streams.live, Watched streams). The
-# rows are locked in path order, the order every writer locks streams in, so a mark of many
-# streams cannot deadlock with a group commit across them; each lock waits for the appends in
-# flight on its stream to commit.
-_WATCH_SQL = (
-    "UPDATE ds_stream AS t SET watched_until = now() + make_interval(secs => %s)"
-    " FROM (SELECT id FROM ds_stream WHERE id = ANY(%s) ORDER BY path FOR UPDATE) AS w"
-    " WHERE t.id = w.id"
-)
-
-
 async def watch_streams(stream_ids: list[int], seconds: float) -> None:
-    """Mark ``stream_ids`` watched for ``seconds`` (from now, the database's clock)."""
+    """Mark ``stream_ids`` watched for ``seconds`` (from now, the database's clock):
+    ``ds_watch_streams``, which says why this cannot deadlock and need not be durable."""
     async with connection() as conn:
-        await conn.execute(_WATCH_SQL, (seconds, stream_ids))
+        await conn.execute("SELECT ds_watch_streams(%s::bigint[], %s)", (stream_ids, seconds))
 
 
 async def append_batch(

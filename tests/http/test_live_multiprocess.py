@@ -17,7 +17,7 @@ import concurrent.futures
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -227,6 +227,24 @@ def test_interleaved_writers_on_two_processes_reach_live_readers_in_order(
     asyncio.run(scenario())
 
 
+def _long_poll_in_background(
+    pool: concurrent.futures.ThreadPoolExecutor,
+    client: httpx.Client,
+    url: str,
+    after: httpx.Response,
+) -> concurrent.futures.Future[httpx.Response]:
+    """A long-poll from where ``after`` (a create or append) left the stream, in ``pool``."""
+    offset = after.headers["Stream-Next-Offset"]
+    return pool.submit(client.get, url, params={"offset": offset, "live": "long-poll"})
+
+
+def _eventually(condition: Callable[[], bool], failure: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.02)
+
+
 def test_appends_notify_only_streams_someone_follows(
     two_servers: tuple[Any, Any], database_url: str
 ) -> None:
@@ -250,17 +268,12 @@ def test_appends_notify_only_streams_someone_follows(
         unfollowed = client.post(url_2, content=b"a", headers={"Content-Type": "text/plain"})
         assert unfollowed.status_code == 204
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            poll = pool.submit(
-                client.get,
-                url_1,
-                params={"offset": unfollowed.headers["Stream-Next-Offset"], "live": "long-poll"},
+            poll = _long_poll_in_background(pool, client, url_1, unfollowed)
+            watched = "SELECT watched_until > now() FROM ds_stream WHERE id = %s"
+            _eventually(
+                lambda: listener.execute(watched, (stream_id,)).fetchone() == (True,),
+                "the long-poll never marked the stream",
             )
-            deadline = time.monotonic() + 10
-            while listener.execute(
-                "SELECT watched_until > now() FROM ds_stream WHERE id = %s", (stream_id,)
-            ).fetchone() != (True,):
-                assert time.monotonic() < deadline, "the long-poll never marked the stream"
-                time.sleep(0.02)
             followed = client.post(url_2, content=b"b", headers={"Content-Type": "text/plain"})
             assert followed.status_code == 204
             answer = poll.result(timeout=10)
@@ -332,19 +345,16 @@ def test_a_reader_reads_only_after_its_stream_is_marked_watched(
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", (path,))
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            poll = pool.submit(
-                client.get,
-                url,
-                params={"offset": created.headers["Stream-Next-Offset"], "live": "long-poll"},
+            poll = _long_poll_in_background(pool, client, url, created)
+            waiting = (
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'SELECT ds_watch_streams(%%'"
             )
-            deadline = time.monotonic() + 10
             with psycopg.connect(database_url, autocommit=True) as observer:
-                while not observer.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE 'UPDATE ds_stream AS t SET watched_until%%'"
-                ).fetchone()[0]:
-                    assert time.monotonic() < deadline, "the long-poll never tried to mark"
-                    time.sleep(0.02)
+                _eventually(
+                    lambda: observer.execute(waiting).fetchone() == (True,),
+                    "the long-poll never tried to mark the stream",
+                )
             descriptor = '[["text/plain", false, null, null, null, null, 1, 5, null]]'
             (outcome,) = holder.execute(
                 "SELECT outcome FROM ds_append(%s, %s::jsonb, '{5}', '{1}', %s, %s)",

@@ -848,3 +848,20 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Mark streams watched for p_seconds: their appends notify until then (streams.live, Watched
+-- streams). The rows are locked in path order, the order every writer locks streams in, so a
+-- mark of many streams cannot deadlock with a group commit across them; each lock waits for
+-- the appends in flight on its stream to commit. The commit does not wait for its WAL flush
+-- (synchronous_commit off, for this transaction only): the order of locks is what readers
+-- rely on, and a mark a crash loses is made again when the process reconnects.
+CREATE OR REPLACE FUNCTION ds_watch_streams(p_ids bigint[], p_seconds double precision)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE ds_stream AS t SET watched_until = now() + make_interval(secs => p_seconds)
+      FROM (SELECT id FROM ds_stream WHERE id = ANY(p_ids) ORDER BY path FOR UPDATE) AS w
+     WHERE t.id = w.id;
+END;
+$$;
