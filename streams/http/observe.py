@@ -99,29 +99,33 @@ class RequestLines:
     def __init__(self, logger: logging.Logger) -> None:
         self._logger = logger
         self._lines: list[_Line] = []
-        self._scheduled = False
+        # The loop a flush is scheduled on, until it runs (a loop closed first never runs it).
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
     def note(
         self, rid: str, method: str, path: str, status: int, family: str, seconds: float
     ) -> None:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop in this thread
+            loop = None
         with self._lock:
             self._lines.append((rid, method, path, status, family, seconds, time.time()))
             waiting = len(self._lines)
-            schedule = not self._scheduled
-            self._scheduled = True
-        if waiting >= LINE_BATCH:
+            pending = self._flush_loop
+            schedule = loop is not None and (pending is None or pending.is_closed())
+            if schedule:
+                self._flush_loop = loop
+        if waiting >= LINE_BATCH or loop is None:
             self.flush()
-        elif schedule:
-            try:
-                asyncio.get_running_loop().call_later(LINE_DELAY_SECS, self.flush)
-            except RuntimeError:  # no event loop in this thread
-                self.flush()
+        elif schedule and loop is not None:
+            loop.call_later(LINE_DELAY_SECS, self.flush)
 
     def flush(self) -> None:
         with self._lock:
             lines, self._lines = self._lines, []
-            self._scheduled = False
+            self._flush_loop = None
         for rid, method, path, status, family, seconds, when in lines:
             record = self._logger.makeRecord(
                 self._logger.name, logging.INFO, "(unknown file)", 0, "%s %s %s",

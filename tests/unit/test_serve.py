@@ -9,6 +9,7 @@ error ends it; it is never replaced.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from streams import lifecycle
 from streams.errors import NotFound
-from streams.http import responses
+from streams.http import observe, responses
 from streams.http.app import serve
 
 pytestmark = pytest.mark.django_db(databases=[])
@@ -97,3 +98,30 @@ def test_a_read_in_pieces_goes_out_whole_in_blocks(pieces: list[bytes]) -> None:
     assert b"".join(blocks) == b"".join(pieces)
     assert all(len(block) >= responses.BLOCK_BYTES for block in blocks[:-1])
     assert len(blocks) <= max(1, len(pieces))
+
+
+def test_request_lines_noted_on_a_loop_that_closed_are_logged_by_the_next() -> None:
+    """A flush scheduled on an event loop that closes before it runs never runs: lines noted
+    later, on another loop, must still be logged within the delay (with those before them)."""
+    logger = logging.getLogger(f"tests.request-lines.{id(object())}")
+    logger.propagate = False
+    handler = _Collect()
+    logger.addHandler(handler)
+    lines = observe.RequestLines(logger)
+
+    async def one(rid: str, wait: float) -> None:
+        lines.note(rid, "POST", "/v1/stream/a", 204, "stream", 0.001)
+        await asyncio.sleep(wait)
+
+    asyncio.run(one("first", 0))  # the loop closes before its flush is due
+    asyncio.run(one("second", observe.LINE_DELAY_SECS * 4))
+    assert [record.request_id for record in handler.records] == ["first", "second"]
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
