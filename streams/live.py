@@ -356,6 +356,9 @@ class LiveHub:
             self._loop = loop
             self._listening = asyncio.Event()
             self._listener = loop.create_task(self._listen(), name="ds-live-listener")
+        if self._renewer is None or self._renewer.done() or self._renewer.get_loop() is not loop:
+            # (Re)started whenever a reader subscribes: without renewals, marks run out and
+            # other processes' appends stop reaching this process's readers.
             self._renewer = loop.create_task(self._renew(), name="ds-live-watch-renewal")
         if not self._listening.is_set():
             # First subscriber: wait (briefly) until LISTEN is active, so that nothing committed

@@ -4,6 +4,7 @@ a subscriber registered."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import pytest
@@ -84,3 +85,36 @@ def test_malformed_notifications_never_raise(payload: str) -> None:
     hub, _ = _watched_hub()
     hub._on_notify(payload)
     assert hub.local_delivery(7, Offset(0, 0), 1 << 20, 1000) is None
+
+
+def test_the_renewal_of_watch_marks_restarts_when_a_reader_subscribes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without renewals the marks of a process's streams run out, and other processes'
+    appends stop reaching its readers: a renewal task that stopped is started again by the
+    next subscription (the LISTEN connection and the marks' writes replaced by stand-ins)."""
+    hub = LiveHub()
+    marked: list[list[int]] = []
+
+    async def listen() -> None:
+        hub._listening.set()
+        await asyncio.Event().wait()
+
+    async def mark(stream_ids: list[int]) -> None:
+        marked.append(stream_ids)
+
+    monkeypatch.setattr(hub, "_listen", listen)
+    monkeypatch.setattr(hub, "_mark", mark)
+
+    async def scenario() -> None:
+        async with hub.subscribe(7):
+            first = hub._renewer
+            assert first is not None and not first.done()
+            first.cancel()
+            await asyncio.sleep(0)
+        async with hub.subscribe(8):
+            assert hub._renewer is not first and not hub._renewer.done()
+        await hub.stop()
+
+    asyncio.run(scenario())
+    assert marked == [[7], [8]]
