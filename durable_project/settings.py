@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -94,12 +96,22 @@ TEMPLATES = [
     },
 ]
 
+
+def database_config(url: str) -> dict[str, Any]:
+    """Django's settings for the database at ``url``. django-environ keeps a percent-encoded
+    host as it is, and libpq's URL form writes a Unix socket's directory that way
+    (``postgres://user@%2Frun%2Fpostgresql/db``): the host is decoded here."""
+    config: dict[str, Any] = env.db_url_config(url)
+    config["HOST"] = unquote(config.get("HOST") or "")
+    return config
+
+
 if env("DATABASE_URL", default=""):
-    DATABASES = {"default": env.db("DATABASE_URL")}
+    DATABASES = {"default": database_config(env.str("DATABASE_URL"))}
 else:
     from durable_project import localdb
 
-    DATABASES = {"default": env.db_url_config(localdb.ensure_running())}
+    DATABASES = {"default": database_config(localdb.ensure_running())}
 # Pages, the admin and the REST API run in Django's threads under ASGI, each request on a thread
 # of its own: persistent per-thread connections (CONN_MAX_AGE) would pile up, one per thread
 # that ever ran. A bounded pool instead (Django 5.1+, psycopg_pool): at most this many
