@@ -294,8 +294,15 @@ class LiveHub:
         if pending is None:
             pending = asyncio.ensure_future(self._mark([stream_id]))
             self._marking[stream_id] = pending
-            pending.add_done_callback(lambda _: self._marking.pop(stream_id, None))
+            pending.add_done_callback(lambda done: self._marking_done(stream_id, done))
         await asyncio.shield(pending)
+
+    def _marking_done(self, stream_id: int, done: asyncio.Future[None]) -> None:
+        self._marking.pop(stream_id, None)
+        # Retrieved, so a failure every waiter stopped waiting for is not logged as unhandled
+        # (each waiter that was still there got it).
+        if not done.cancelled():
+            done.exception()
 
     async def _mark(self, stream_ids: list[int]) -> None:
         from streams.store.writes import watch_streams
