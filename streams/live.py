@@ -267,7 +267,7 @@ class LiveHub:
         if not self._subscriptions:
             return
         try:
-            await self._mark(list(self._subscriptions))
+            await self._mark(list(self._subscriptions), "reconnect")
         except Exception as exc:  # noqa: BLE001 - the renewal tries again
             logger.warning("could not mark %d watched streams: %s", len(self._subscriptions), exc)
 
@@ -292,7 +292,7 @@ class LiveHub:
             return
         pending = self._marking.get(stream_id)
         if pending is None:
-            pending = asyncio.ensure_future(self._mark([stream_id]))
+            pending = asyncio.ensure_future(self._mark([stream_id], "subscribe"))
             self._marking[stream_id] = pending
             pending.add_done_callback(lambda done: self._marking_done(stream_id, done))
         await asyncio.shield(pending)
@@ -304,11 +304,16 @@ class LiveHub:
         if not done.cancelled():
             done.exception()
 
-    async def _mark(self, stream_ids: list[int]) -> None:
+    async def _mark(self, stream_ids: list[int], reason: str) -> None:
         from streams.store.writes import watch_streams
 
         began = time.monotonic()
-        await watch_streams(stream_ids, WATCH_SECS)
+        try:
+            await watch_streams(stream_ids, WATCH_SECS)
+        except BaseException:
+            metrics.WATCH_MARKS.labels(reason, "failed").inc()
+            raise
+        metrics.WATCH_MARKS.labels(reason, "marked").inc()
         for stream_id in stream_ids:
             self._marked[stream_id] = began
 
@@ -320,6 +325,7 @@ class LiveHub:
             for stream_id, marked in list(self._marked.items()):
                 if stream_id not in self._subscriptions and now - marked >= WATCH_REFRESH_SECS:
                     del self._marked[stream_id]
+            metrics.WATCHED_STREAMS.set(len(self._subscriptions))
             due = [
                 stream_id
                 for stream_id in self._subscriptions
@@ -327,7 +333,7 @@ class LiveHub:
             ]
             if due:
                 try:
-                    await self._mark(due)
+                    await self._mark(due, "renew")
                 except Exception as exc:  # noqa: BLE001 - tried again at the next check
                     logger.warning("could not renew %d watched streams: %s", len(due), exc)
 

@@ -205,6 +205,14 @@ NOTIFY_LAG = _metric(
 LISTEN_RECONNECTS = _metric(
     "counter", "ds_listen_reconnects", "LISTEN connections replaced", ("reason",)
 )
+WATCHED_STREAMS = _metric(
+    "gauge", "ds_watched_streams", "Streams this process has live readers of (marked watched)"
+)
+WATCH_MARKS = _metric(
+    "counter", "ds_watch_marks",
+    "Statements marking streams watched, by why (subscribe, renew, reconnect) and outcome",
+    ("reason", "outcome"),
+)  # fmt: skip
 
 # -- database pool ----------------------------------------------------------------------------
 POOL_CONNECTIONS = _metric(

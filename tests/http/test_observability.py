@@ -159,8 +159,16 @@ def test_live_reader_gauge_goes_up_then_down(two_workers: ServerProcess) -> None
                 await asyncio.sleep(0.1)
             return during, after
 
+    marks = {"reason": "subscribe", "outcome": "marked"}
+    before = value(scrape(server), "ds_watch_marks_total", **marks)
     during, after = asyncio.run(scenario())
     assert during == (5, 3) and after == (0, 0)
+    # Eight readers of one stream on two processes: each process marks it once (streams.live).
+    deadline = time.monotonic() + 10
+    while (marked := value(scrape(server), "ds_watch_marks_total", **marks) - before) < 1:
+        assert time.monotonic() < deadline, "no watch mark counted"
+        time.sleep(0.1)
+    assert marked <= 2
 
 
 def test_request_ids_and_structured_logs(two_workers: ServerProcess) -> None:

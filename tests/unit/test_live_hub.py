@@ -100,7 +100,7 @@ def test_the_renewal_of_watch_marks_restarts_when_a_reader_subscribes(
         hub._listening.set()
         await asyncio.Event().wait()
 
-    async def mark(stream_ids: list[int]) -> None:
+    async def mark(stream_ids: list[int], reason: str) -> None:
         marked.append(stream_ids)
 
     monkeypatch.setattr(hub, "_listen", listen)
