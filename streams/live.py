@@ -264,12 +264,8 @@ class LiveHub:
     async def _remark_all(self) -> None:
         """After a (re)connection: mark every watched stream again before its readers re-read,
         in case the marks ran out while the database was unreachable."""
-        if not self._subscriptions:
-            return
-        try:
-            await self._mark(list(self._subscriptions), "reconnect")
-        except Exception as exc:  # noqa: BLE001 - the renewal tries again
-            logger.warning("could not mark %d watched streams: %s", len(self._subscriptions), exc)
+        if self._subscriptions:
+            await self._mark_or_warn(list(self._subscriptions), "reconnect")
 
     def _wake_all(self) -> None:
         # Notifications may have been missed: what is kept can no longer be known complete.
@@ -310,7 +306,7 @@ class LiveHub:
         began = time.monotonic()
         try:
             await watch_streams(stream_ids, WATCH_SECS)
-        except BaseException:
+        except Exception:
             metrics.WATCH_MARKS.labels(reason, "failed").inc()
             raise
         metrics.WATCH_MARKS.labels(reason, "marked").inc()
@@ -332,10 +328,17 @@ class LiveHub:
                 if now - self._marked.get(stream_id, -WATCH_SECS) >= WATCH_REFRESH_SECS
             ]
             if due:
-                try:
-                    await self._mark(due, "renew")
-                except Exception as exc:  # noqa: BLE001 - tried again at the next check
-                    logger.warning("could not renew %d watched streams: %s", len(due), exc)
+                await self._mark_or_warn(due, "renew")
+
+    async def _mark_or_warn(self, stream_ids: list[int], reason: str) -> None:
+        """``_mark``, for the background work: a failure is logged, and the renewal (every
+        WATCH_CHECK_SECS) tries again."""
+        try:
+            await self._mark(stream_ids, reason)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next check
+            logger.warning(
+                "could not mark %d watched streams (%s): %s", len(stream_ids), reason, exc
+            )
 
     def _on_notify(self, payload: str) -> None:
         """``"<id>:<next seq>:<o|c|d>"``, and for small appends that stored every request

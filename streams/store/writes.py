@@ -142,8 +142,7 @@ async def delete_stream(path: str) -> DeleteOutcome:
 async def watch_streams(stream_ids: list[int], seconds: float) -> None:
     """Mark ``stream_ids`` watched for ``seconds`` (from now, the database's clock):
     ``ds_watch_streams``, which says why this cannot deadlock and need not be durable."""
-    async with connection() as conn:
-        await conn.execute("SELECT ds_watch_streams(%s::bigint[], %s)", (stream_ids, seconds))
+    await _execute("SELECT ds_watch_streams(%s::bigint[], %s)", (stream_ids, seconds))
 
 
 async def append_batch(
