@@ -19,7 +19,9 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
     if not isinstance(exc, psycopg.Error):
         return None
     sqlstate = exc.sqlstate or ""
-    if sqlstate.startswith("22"):  # data exception: a value out of range, a NUL in text...
+    # Data exceptions: a value out of range, a NUL in text... PostgreSQL's (SQLSTATE 22), or
+    # psycopg's own when it will not even send a value (a NUL in a text parameter: no SQLSTATE).
+    if sqlstate.startswith("22") or isinstance(exc, psycopg.DataError):
         return BadRequest(f"the request holds a value the store cannot keep (SQLSTATE {sqlstate})")
     if sqlstate.startswith("54"):  # program limit exceeded: an index row or array too large
         return PayloadTooLarge(f"the request exceeds a limit of the store (SQLSTATE {sqlstate})")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import psycopg
 import pytest
 
 from streams.errors import (
@@ -33,6 +34,7 @@ from streams.errors import (
 from streams.protocol.headers import ProducerTuple
 from streams.protocol.offsets import Offset
 from streams.store import group_commit, pool, reads, retention, writes
+from streams.store.failures import refusal_for
 from streams.store.outcomes import SQL_TYPES, DeleteOutcome
 from streams.store.types import (
     AppendRequest,
@@ -361,6 +363,16 @@ def test_a_request_the_store_cannot_keep_fails_alone(path: str) -> None:
     assert isinstance(first, AppendResult) and isinstance(third, AppendResult)
     assert isinstance(bad, ProtocolError) and 400 <= bad.status < 500, bad
     assert stored == b"ac"
+
+
+def test_a_value_psycopg_will_not_send_is_the_requests_fault(pg: Any) -> None:
+    """A NUL in a text parameter is refused by psycopg before it reaches PostgreSQL (a
+    DataError without SQLSTATE): a 400, like PostgreSQL's own data exceptions, never a 500 (the
+    subscription fuzzer found it through a description holding a NUL)."""
+    with pytest.raises(psycopg.DataError) as refused:
+        pg.execute("SELECT %s::text", ["a\x00b"])
+    assert refused.value.sqlstate is None
+    assert isinstance(refusal_for(refused.value), BadRequest)
 
 
 def test_outcome_types_match_the_database(pg: Any) -> None:
