@@ -6,7 +6,10 @@ are taken only for the duration of a statement or transaction: an idle live read
 
 The database may be unreachable, or may have restarted under idle connections:
 * borrowing waits at most ``DS_DB_ACQUIRE_TIMEOUT_SECS``, then answers 503 with Retry-After,
-  so clients hear within seconds instead of hanging;
+  so clients hear within seconds instead of hanging; and while the database is failing (a
+  connection failed, or the pool's attempts to connect did, after the last statement that
+  succeeded) at most ``OUTAGE_WAIT_SECS``: in an outage, waiting the whole timeout for a
+  connection that cannot come only makes every request slow to hear 503;
 * a connection that sat idle longer than ``IDLE_CHECK_SECS`` is checked (an empty query)
   before it is lent, so the connections a restart killed are replaced instead of failing the
   next requests; a busy connection is never checked, so the hot path pays nothing;
@@ -21,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from django.conf import settings
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
+from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from streams import metrics
@@ -46,6 +50,9 @@ RETRY_AFTER_SECS = 2
 # with the outage, and once the database is back the process goes on answering 503 until its
 # next attempt: after a 45 s outage, for up to 30 s more.
 RECONNECT_TIMEOUT_SECS = 5.0
+# How long a request waits for a connection before asking whether the database is failing
+# (then it answers 503 at once; otherwise it waits out the acquisition timeout).
+OUTAGE_WAIT_SECS = 0.5
 
 # libpq keeps a connection's buffers as large as the largest statement it sent and the largest
 # result it received, for the connection's life: after a 15 MiB append, 15 MiB (and more, the
@@ -59,6 +66,8 @@ _pool_lock: asyncio.Lock | None = None
 _returned_at: dict[int, float] = {}
 # Connections (by id) to close when given back: they carried more than BUFFER_KEEP_BYTES.
 _oversized: set[int] = set()
+# Connections lent to a request that had given up waiting, on their way back (_give_back).
+_giving_back: set[asyncio.Task[None]] = set()
 
 
 def conninfo(alias: str = "default", *, url: str | None = None) -> str:
@@ -82,10 +91,45 @@ def conninfo(alias: str = "default", *, url: str | None = None) -> str:
     return make_conninfo("", **params)
 
 
+class _Health:
+    """Is the database failing? When the last connection failure (a lent connection's, an
+    idle one's check, a new connection's, the pool's own attempts included) came after the
+    last statement that succeeded. Kept as moments, noted when they happen: the hot path only
+    stores a time it already has."""
+
+    last_success = 0.0
+    last_failure = 0.0
+
+    @classmethod
+    def failed(cls) -> None:
+        cls.last_failure = time.monotonic()
+
+    @classmethod
+    def failing(cls) -> bool:
+        return cls.last_failure > cls.last_success
+
+
+class _PoolConnection(AsyncConnection[TupleRow]):
+    """The pool's connections: a failed attempt to connect is noted the moment it fails
+    (_Health); the pool makes its attempts in its own workers, where no request sees them."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        try:
+            return await super().connect(conninfo, **kwargs)
+        except psycopg.Error:
+            _Health.failed()
+            raise
+
+
 async def _check_if_idle(conn: AsyncConnection) -> None:
     returned = _returned_at.get(id(conn))
     if returned is None or time.monotonic() - returned > IDLE_CHECK_SECS:
-        await AsyncConnectionPool.check_connection(conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            _Health.failed()
+            raise
 
 
 async def get_pool() -> AsyncConnectionPool:
@@ -96,7 +140,7 @@ async def get_pool() -> AsyncConnectionPool:
         _pool_lock = asyncio.Lock()
     async with _pool_lock:
         if _pool is None:
-            pool = AsyncConnectionPool(
+            pool: AsyncConnectionPool = AsyncConnectionPool(
                 conninfo(),
                 min_size=settings.DS_DB_POOL_MIN_SIZE,
                 max_size=settings.DS_DB_POOL_MAX_SIZE,
@@ -106,6 +150,7 @@ async def get_pool() -> AsyncConnectionPool:
                 timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
                 reconnect_timeout=RECONNECT_TIMEOUT_SECS,
                 check=_check_if_idle,
+                connection_class=_PoolConnection,
             )
             # Not waiting for the first connections: with the database down the process still
             # starts, and requests answer 503 until it is back.
@@ -148,7 +193,7 @@ class connection:
         self._pool = pool
         asked = time.perf_counter()
         try:
-            conn = await pool.getconn()
+            conn = await self._borrow(pool)
         except PoolTimeout:
             metrics.POOL_TIMEOUTS.inc()
             raise ServiceUnavailable(
@@ -161,23 +206,65 @@ class connection:
         self._conn = conn
         return conn
 
+    @staticmethod
+    async def _borrow(pool: AsyncConnectionPool) -> AsyncConnection:
+        """A connection; PoolTimeout after the acquisition timeout, or as soon as the database
+        is failing once the request has waited OUTAGE_WAIT_SECS (asked again every
+        OUTAGE_WAIT_SECS). With a connection idle the pool lends it at once (unless every idle
+        one fails its check); otherwise the wait is a task of its own, so that the request
+        keeps its place in the pool's queue while it asks."""
+        timeout = settings.DS_DB_ACQUIRE_TIMEOUT_SECS
+        if timeout <= OUTAGE_WAIT_SECS:
+            return await pool.getconn()
+        if pool.get_stats().get("pool_available", 0):
+            try:
+                return await pool.getconn(OUTAGE_WAIT_SECS)
+            except PoolTimeout:
+                if _Health.failing():
+                    raise
+            timeout -= OUTAGE_WAIT_SECS
+        waiter = asyncio.ensure_future(pool.getconn(timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait((waiter,), timeout=OUTAGE_WAIT_SECS)
+                if done:
+                    return waiter.result()
+                if _Health.failing():
+                    raise PoolTimeout("the database is failing")
+        except BaseException:
+            # Given up or cancelled: a connection lent meanwhile goes back.
+            waiter.cancel()
+            waiter.add_done_callback(lambda w: _give_back(pool, w))
+            raise
+
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
     ) -> None:
         conn = self._conn
         if len(_returned_at) > 1024:
             _returned_at.clear()
-        _returned_at[id(conn)] = time.monotonic()
+        now = _returned_at[id(conn)] = time.monotonic()
+        if exc is None or (isinstance(exc, psycopg.Error) and not is_connection_failure(exc)):
+            _Health.last_success = now  # the database answered
         if _oversized and id(conn) in _oversized:
             _oversized.discard(id(conn))
             metrics.POOL_DISCARDED.inc()
             await conn.close()
         await self._pool.putconn(conn)  # a closed or broken connection is replaced by the pool
         if exc is not None and is_connection_failure(exc):
+            _Health.failed()
             logger.warning("database connection failed: %s", str(exc).strip()[:200])
             raise ServiceUnavailable(
                 "the database connection failed; retry later", retry_after=RETRY_AFTER_SECS
             ) from None
+
+
+def _give_back(pool: AsyncConnectionPool, waiter: asyncio.Future[AsyncConnection]) -> None:
+    if waiter.cancelled() or waiter.exception() is not None:
+        return
+    task = asyncio.ensure_future(pool.putconn(waiter.result()))
+    _giving_back.add(task)
+    task.add_done_callback(_giving_back.discard)
 
 
 def carried(conn: AsyncConnection, nbytes: int) -> None:

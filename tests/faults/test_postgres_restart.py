@@ -42,8 +42,10 @@ MODES = ("immediate", "fast")
 # answered during it.
 DOWN_SECONDS = 5.0
 # While it is down a request must be answered within this: a few seconds, not the 30 s of a
-# hang. The pool waits DS_DB__ACQUIRE_TIMEOUT_SECS (3 s) for a connection; an append queued
-# behind another batch of the same stream (group commit) waits for that batch's 3 s first.
+# hang. A request that was already waiting for a connection when the database went away may
+# wait out the pool's acquisition timeout (3 s), and an append queued behind another batch of
+# the same stream (group commit) that batch's wait first; later ones hear at once, or within
+# half a second (streams/store/pool.py, OUTAGE_WAIT_SECS).
 DOWN_ANSWER_BOUND = 10.0
 APPENDS_PER_CYCLE = 100
 
