@@ -22,7 +22,8 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
     # Data exceptions: a value out of range, a NUL in text... PostgreSQL's (SQLSTATE 22), or
     # psycopg's own when it will not even send a value (a NUL in a text parameter: no SQLSTATE).
     if sqlstate.startswith("22") or isinstance(exc, psycopg.DataError):
-        return BadRequest(f"the request holds a value the store cannot keep (SQLSTATE {sqlstate})")
+        why = f"SQLSTATE {sqlstate}" if sqlstate else str(exc).strip()[:100]
+        return BadRequest(f"the request holds a value the store cannot keep ({why})")
     if sqlstate.startswith("54"):  # program limit exceeded: an index row or array too large
         return PayloadTooLarge(f"the request exceeds a limit of the store (SQLSTATE {sqlstate})")
     if sqlstate in ("57014", "55P03"):  # statement or lock timeout
