@@ -136,7 +136,7 @@ class StreamAdmin(ReadOnlyAdmin):
     form = RetentionForm
     fieldsets = [
         (None, {"fields": ["path", "content_type", "tail_offset", "closed", "created_at"]}),
-        ("Expiry", {"fields": ["ttl_seconds", "expires_at", "accessed_at", "deleted_at"]}),
+        ("Expiry", {"fields": ["ttl_seconds", "expires_at", "last_access", "deleted_at"]}),
         (
             "Retention",
             {
@@ -160,7 +160,7 @@ class StreamAdmin(ReadOnlyAdmin):
         "created_at",
         "ttl_seconds",
         "expires_at",
-        "accessed_at",
+        "last_access",
         "deleted_at",
         "fork_source",
         "fork_offset",
@@ -184,6 +184,13 @@ class StreamAdmin(ReadOnlyAdmin):
                 "SELECT ds_set_retention(%s, %s, %s)",
                 [obj.pk, obj.retention_max_age, obj.retention_max_bytes],
             )
+
+    @admin.display(description="last access (sliding TTL)")
+    def last_access(self, obj: Stream) -> Any:
+        # accessed_at is kept up to date only where a TTL counts from it (models.Stream).
+        if obj.ttl_seconds is None:
+            return "not tracked (no TTL)"
+        return obj.accessed_at
 
     @admin.display(description="starts at (earliest retained offset)")
     def start_offset(self, obj: Stream) -> str:

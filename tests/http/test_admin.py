@@ -38,7 +38,7 @@ def test_admin_lists_filters_and_shows_streams(
     )
     client.put(
         f"/v1/stream/{binary_path}",
-        headers={"Content-Type": "application/octet-stream"},
+        headers={"Content-Type": "application/octet-stream", "Stream-TTL": "3600"},
         content=bytes([0, 1, 2, 255]),
     )
     client.put(
@@ -67,6 +67,8 @@ def test_admin_lists_filters_and_shows_streams(
     detail = admin_client.get(f"/admin/streams/stream/{stream_id.group(1)}/change/")
     assert "writer-1" in detail.text  # the producer ledger
     assert "0000000000000002_" in detail.text  # the tail offset
+    # Without a TTL the last access is not kept (it would show the creation time).
+    assert "not tracked (no TTL)" in detail.text
 
     messages = admin_client.get(f"/admin/streams/stream/{stream_id.group(1)}/messages/")
     assert messages.status_code == 200
@@ -77,6 +79,9 @@ def test_admin_lists_filters_and_shows_streams(
     assert binary_id is not None
     blob = admin_client.get(f"/admin/streams/stream/{binary_id.group(1)}/messages/")
     assert "00 01 02 ff" in blob.text  # hex preview
+    with_ttl = admin_client.get(f"/admin/streams/stream/{binary_id.group(1)}/change/")
+    assert "Last access (sliding TTL)" in with_ttl.text
+    assert "not tracked" not in with_ttl.text
 
     # The previews' stylesheet, from the project's static/ directory.
     stylesheet = re.search(r'href="([^"]*durable_streams/admin\.css)"', messages.text)
