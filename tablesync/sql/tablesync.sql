@@ -660,6 +660,20 @@ BEGIN
 END;
 $$;
 
+-- The purge (streams/store/sql/retention.sql) keeps a stream's rows from the position of its
+-- least advanced active sink: a run reads the stream (its start) first and its rows after, so
+-- a trim and purge that committed in between would otherwise make it skip rows without
+-- recording the gap. A sink behind a trim records the gap on its next run and moves past it.
+-- A sink whose runs fail (last_error: its table gone, a permission missing) holds nothing: it
+-- could hold the purge off for good, and a failed run applies nothing, so it skips nothing.
+CREATE OR REPLACE FUNCTION ds_hook_purge_floor(p_stream_id bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT min(k.applied_seq) FROM ds_stream_sink AS k
+             WHERE k.stream_id = p_stream_id AND k.state = 'active' AND k.last_error = '');
+END;
+$$;
+
 -- Server processes reload their sinks and published streams when these tables change
 -- (tablesync/runner.py): "tablesync:<table>" on the live-delivery channel, on commit.
 CREATE OR REPLACE FUNCTION ds_tablesync_changed() RETURNS trigger

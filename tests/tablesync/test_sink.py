@@ -463,6 +463,31 @@ def test_sink_from_now_and_a_deleted_stream(
     assert pg.execute(f"SELECT v FROM {table}").fetchall() == [("after",)]
 
 
+def _sunk_stream(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str, name: str
+) -> tuple[str, str]:
+    """A JSON stream holding {"v": "a0"}, sunk into a new table that has applied it."""
+    path = f"tablesync/{unique(name)}"
+    table = unique(name)
+    client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": "a0"}]))
+    command_ok(database_url, "sink_stream", path, "--table", table, "--create", "--map", "v::text")
+    wait_until(lambda: caught_up(pg, path), "the sink applies the first message")
+    return path, table
+
+
+def _append_and_trim(client: httpx.Client, path: str) -> list[str]:
+    """Append a1 to a5, then trim before a4; the offsets after each append."""
+    offsets = []
+    for n in range(1, 6):
+        response = client.post(
+            f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": f"a{n}"}])
+        )
+        offsets.append(response.headers["Stream-Next-Offset"])
+    trimmed = client.post(f"/v1/stream/{path}", headers={"Stream-Trim-Before": offsets[2]})
+    assert trimmed.status_code == 204, trimmed.text
+    return offsets
+
+
 def test_a_sink_behind_a_trim_records_the_gap_and_goes_on(
     client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
 ) -> None:
@@ -470,21 +495,10 @@ def test_a_sink_behind_a_trim_records_the_gap_and_goes_on(
     reader: on resuming, the sink records the gap once, as an error with its offsets, and
     applies what the stream still holds; a sink bound from the beginning of a trimmed stream
     starts at its first retained message, with no gap to record."""
-    path = f"tablesync/{unique('trimmed')}"
-    table = unique("trimmed")
-    client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": "a0"}]))
-    command_ok(database_url, "sink_stream", path, "--table", table, "--create", "--map", "v::text")
-    wait_until(lambda: caught_up(pg, path), "the sink applies the first message")
+    path, table = _sunk_stream(client, pg, database_url, "trimmed")
     pg.execute("UPDATE ds_stream_sink SET state = 'paused' WHERE stream_path = %s", [path])
-    offsets = []
-    for n in range(1, 6):
-        response = client.post(
-            f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": f"a{n}"}])
-        )
-        offsets.append(response.headers["Stream-Next-Offset"])
     # Trim before a4: a1 to a3 go, and are purged (no fork reads them).
-    trimmed = client.post(f"/v1/stream/{path}", headers={"Stream-Trim-Before": offsets[2]})
-    assert trimmed.status_code == 204, trimmed.text
+    offsets = _append_and_trim(client, path)
     wait_until(lambda: [m["v"] for _, m in stored_messages(pg, path)] == ["a4", "a5"], "the purge")
     pg.execute("UPDATE ds_stream_sink SET state = 'active' WHERE stream_path = %s", [path])
     wait_until(lambda: caught_up(pg, path), "the resumed sink reaches the tail")
@@ -509,3 +523,64 @@ def test_a_sink_behind_a_trim_records_the_gap_and_goes_on(
         [path, again],
     ).fetchone()
     assert row == (0,)
+
+
+def test_the_purge_keeps_rows_a_running_sink_has_not_applied(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A sink's run reads the stream's start, then its rows: a trim and purge that commit in
+    between made it skip rows without recording them. So the purge keeps a stream's rows from
+    its least advanced active sink. Here a run is "in progress" (the test holds the sink's row
+    lock, as a run does) across a trim: the purge leaves the trimmed rows and comes back later;
+    once the sink has recorded the gap and moved past it, the rows are purged."""
+    path, table = _sunk_stream(client, pg, database_url, "held")
+    with psycopg.connect(database_url) as run:
+        run.execute("SELECT 1 FROM ds_stream_sink WHERE stream_path = %s FOR UPDATE", [path])
+        _append_and_trim(client, path)
+
+        def purge_came_by() -> bool:
+            # Gone from the queue (purged), or due again in about 10 s (held
+            # back): neither due now (not yet claimed) nor claimed (due in the 60 s lease).
+            row = pg.execute(
+                "SELECT extract(epoch FROM q.due_at - now()) FROM ds_purge_pending AS q"
+                " JOIN ds_stream AS s ON s.id = q.stream_id WHERE s.path = %s",
+                [path],
+            ).fetchone()
+            return row is None or 1 < row[0] < 11
+
+        wait_until(purge_came_by, "the purge of the trimmed rows")
+        kept = [m["v"] for _, m in stored_messages(pg, path)]
+        assert kept == ["a1", "a2", "a3", "a4", "a5"], kept  # a0 was applied: purged
+        run.rollback()  # the run ends
+    client.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps([{"v": "a6"}]))
+    wait_until(lambda: caught_up(pg, path), "the sink reaches the tail")
+    applied = pg.execute(f"SELECT v FROM {table} ORDER BY v").fetchall()
+    assert applied == [("a0",), ("a4",), ("a5",), ("a6",)], applied
+    assert sink_row(pg, path)["errors"] == 1  # the gap, recorded
+    # The purge comes back (10 s later; here at once) and finds nothing held back.
+    pg.execute(
+        "UPDATE ds_purge_pending SET due_at = now()"
+        " WHERE stream_id = (SELECT id FROM ds_stream WHERE path = %s)",
+        [path],
+    )
+    command_ok(database_url, "trim_streams")
+    assert [m["v"] for _, m in stored_messages(pg, path)] == ["a4", "a5", "a6"]
+
+
+def test_a_failing_sink_does_not_hold_the_purge_back(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A sink whose runs fail (its table gone, say: last_error) could hold a stream's purge off
+    for good; it holds nothing, even with a run of it in progress (the sink's row locked)."""
+    path, _ = _sunk_stream(client, pg, database_url, "failing")
+    pg.execute(
+        "UPDATE ds_stream_sink SET last_error = 'relation does not exist' WHERE stream_path = %s",
+        [path],
+    )
+    with psycopg.connect(database_url) as run:
+        run.execute("SELECT 1 FROM ds_stream_sink WHERE stream_path = %s FOR UPDATE", [path])
+        _append_and_trim(client, path)
+        wait_until(
+            lambda: [m["v"] for _, m in stored_messages(pg, path)] == ["a4", "a5"], "the purge"
+        )
+        run.rollback()

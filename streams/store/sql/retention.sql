@@ -19,12 +19,16 @@
 -- has not yet, so its state never misses an event). ds_hook_keeps_history: the server-wide
 -- default retention does not apply to the stream (state/: registered state streams).
 -- ds_hook_mark_horizon: how long the stream's marks are needed besides its age policy, in
--- seconds (state/: a compacted stream's tombstone period), or NULL.
+-- seconds (state/: a compacted stream's tombstone period), or NULL. ds_hook_purge_floor: the
+-- lowest seq of the stream that something besides the protocol's readers may still read below
+-- its start (tablesync/: a sink's position), or NULL; the purge keeps the rows from there.
 CREATE OR REPLACE FUNCTION ds_hook_trimming(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_keeps_history(p_stream_id bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN false; END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_mark_horizon(s ds_stream) RETURNS double precision
+LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
+CREATE OR REPLACE FUNCTION ds_hook_purge_floor(p_stream_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
 
 -- The streams whose rows make up stream s, oldest first, as parallel arrays: rows of ids[i]
@@ -154,10 +158,11 @@ $$;
 
 -- Delete one batch of a stream's rows that nobody reads any more, in the caller's (short)
 -- transaction, without taking the stream's row lock: rows below its start (all of them when
--- it is soft-deleted) that no fork reads. At most p_batch consecutive seq, from p_from (NULL:
--- the stream's lowest row). next_from: where the next batch starts, NULL when there is
--- nothing more to delete; then the stream leaves the purge queue (what its forks still hold
--- is queued again when they are trimmed or deleted). A range of seq keeps a batch bounded
+-- it is soft-deleted) that no fork reads and no sink still needs (ds_hook_purge_floor). At
+-- most p_batch consecutive seq, from p_from (NULL: the stream's lowest row). next_from: where
+-- the next batch starts, NULL when there is nothing more to delete now; then the stream
+-- leaves the purge queue (what its forks still hold is queued again when they are trimmed or
+-- deleted), or, when a sink holds rows back, comes due again 10 s later. A range of seq keeps a batch bounded
 -- even where compaction left gaps; the caller carries the position from batch to batch, since
 -- looking for the lowest row again would step over the index entries of every row deleted
 -- so far. p_claim: the due time ds_purge_claim set.
@@ -172,11 +177,15 @@ DECLARE
     v_end bigint;
     v_from bigint;
     v_to bigint;
+    v_goal bigint;
 BEGIN
     deleted := 0;
     SELECT * INTO s FROM ds_stream AS t WHERE t.id = p_stream_id;
     IF FOUND THEN
-        v_end := CASE WHEN s.deleted_at IS NULL THEN s.first_seq ELSE s.next_seq END;
+        v_goal := CASE WHEN s.deleted_at IS NULL THEN s.first_seq ELSE s.next_seq END;
+        -- A sink may be applying rows below the start: it read the stream before a trim that
+        -- committed since, and reads its rows now (tablesync.sql, ds_sink_run).
+        v_end := least(v_goal, ds_hook_purge_floor(s.id));
         f := ds_fork_reads(s.id);
         v_from := coalesce(p_from, (SELECT min(m.seq) FROM ds_message AS m
                                      WHERE m.stream_id = p_stream_id));
@@ -185,6 +194,12 @@ BEGIN
         END IF;
     END IF;
     IF v_from IS NULL OR v_from >= v_end THEN
+        IF v_from < v_goal THEN
+            -- Held back by a sink: again later, when it may have moved on.
+            UPDATE ds_purge_pending AS q SET due_at = now() + interval '10 seconds'
+             WHERE q.stream_id = p_stream_id AND q.due_at = p_claim;
+            RETURN;
+        END IF;
         -- Unless it was queued again meanwhile (a trim moved its due time back to now).
         DELETE FROM ds_purge_pending AS q
          WHERE q.stream_id = p_stream_id AND q.due_at = p_claim;
