@@ -123,7 +123,7 @@ def body_of(meta: StreamMeta, payload: bytes) -> bytes:
     return json_mode.render(payload) if meta.is_json else payload
 
 
-def body_parts(meta: StreamMeta, result: ReadResult) -> bytes | list[bytes]:
+def body_parts(meta: StreamMeta, result: ReadResult) -> bytes | list[bytes | memoryview]:
     """The body of a read, in pieces when it has several (sent in blocks of about a MiB:
     streams.http.responses.send_response)."""
     if len(result.parts) <= 1:

@@ -69,8 +69,9 @@ class ReadResult:
     # The messages read, as pieces whose concatenation is the payload: the messages
     # concatenated, or for JSON joined with commas (the body is this in brackets:
     # streams.protocol.json_mode). Pieces, so a large read is joined only into the blocks
-    # it is sent in (streams.http.responses).
-    parts: tuple[bytes, ...]
+    # it is sent in (streams.http.responses); a large message may be a memoryview of the
+    # database's result (streams.store.reads: not copied once more).
+    parts: tuple[bytes | memoryview, ...]
     count: int
     start: Offset
     next_offset: Offset
@@ -80,7 +81,9 @@ class ReadResult:
 
     @property
     def payload(self) -> bytes:
-        return b"".join(self.parts) if len(self.parts) != 1 else self.parts[0]
+        if len(self.parts) == 1 and isinstance(self.parts[0], bytes):
+            return self.parts[0]
+        return b"".join(self.parts)
 
     @property
     def size(self) -> int:
