@@ -3,6 +3,8 @@ service as a client's POST (group commit, validation of state streams, live read
 
 from __future__ import annotations
 
+import asyncio
+
 from access.grants import Grant, Operation, Principal, stream_resource
 from streams import services
 from streams.errors import Forbidden
@@ -28,6 +30,10 @@ async def append_message(*, username: str, path: str, text: str) -> AppendResult
         raise Forbidden(f"{path!r} is written by the server only")
     principal = staff_principal(username, path)
     meta = await services.stream_info(path=path, principal=principal)
-    return await services.append(
-        path=path, principal=principal, body=text.encode(), content_type=meta.content_type
+    # Django cancels a view whose client leaves; the append, once begun, is seen through
+    # (a lone append is written in its caller's task: streams.store.group_commit).
+    return await asyncio.shield(
+        services.append(
+            path=path, principal=principal, body=text.encode(), content_type=meta.content_type
+        )
     )

@@ -147,6 +147,59 @@ BEGIN
 END;
 $$;
 
+-- Several insert events in one append to __registry__ (ds_hook_created_batch: a batch of
+-- creates), as ds_registry_append would append them one after another, with one lock, one
+-- statement per table and one update of the registry's row instead of one each.
+CREATE OR REPLACE FUNCTION ds_registry_append_inserts(p_events jsonb[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r ds_stream;
+    v_count int;
+    v_bytes bigint;
+    v_lengths int[];
+    v_data bytea;
+BEGIN
+    IF cardinality(p_events) = 0 THEN
+        RETURN;  -- no lock on the registry: nothing it lists was created
+    END IF;
+    SELECT * INTO r FROM ds_stream WHERE path = '__registry__' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    WITH e AS (
+        SELECT r.next_seq + u.o - 1 AS seq,
+               r.next_pos + sum(octet_length(u.d)) OVER (ORDER BY u.o) - octet_length(u.d) AS pos,
+               u.event, u.d
+          FROM (SELECT x.event, x.o, convert_to(x.event::text, 'UTF8') AS d
+                  FROM unnest(p_events) WITH ORDINALITY AS x(event, o)) AS u
+    ), messages AS (
+        INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+        SELECT r.id, e.seq, e.pos, e.d, true FROM e
+    ), entities AS (
+        INSERT INTO ds_entity (stream_id, type, key, value, event_offset)
+        SELECT r.id, e.event ->> 'type', e.event ->> 'key', coalesce(e.event -> 'value', 'null'),
+               ds_offset(e.seq, e.pos)
+          FROM e
+        ON CONFLICT ON CONSTRAINT ds_entity_identity
+        DO UPDATE SET value = excluded.value, event_offset = excluded.event_offset
+    )
+    SELECT count(*), sum(octet_length(e.d)), array_agg(octet_length(e.d) ORDER BY e.seq),
+           string_agg(e.d, ''::bytea ORDER BY e.seq)
+      INTO v_count, v_bytes, v_lengths, v_data
+      FROM e;
+    UPDATE ds_state_stream
+       SET materialized_seq = r.next_seq + v_count, materialized_pos = r.next_pos + v_bytes
+     WHERE stream_id = r.id;
+    UPDATE ds_stream
+       SET next_seq = r.next_seq + v_count, next_pos = r.next_pos + v_bytes
+     WHERE id = r.id;
+    IF r.watched_until > now() THEN
+        PERFORM pg_notify('ds_streams', ds_notify_payload(
+            r, r.next_seq + v_count, false, v_lengths, v_data, true));
+    END IF;
+END;
+$$;
+
 -- Streams the registry does not list: itself, and internal streams under the reserved __ds/
 -- prefix (Yjs documents' streams), which clients cannot address as streams.
 CREATE OR REPLACE FUNCTION ds_registry_lists(p_path text) RETURNS boolean
@@ -160,6 +213,17 @@ BEGIN
     IF ds_registry_lists(s.path) THEN
         PERFORM ds_registry_append(ds_registry_event(s, 'insert'));
     END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_hook_created_batch(p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM ds_registry_append_inserts(ARRAY(
+        SELECT ds_registry_event(t, 'insert')
+          FROM unnest(p_ids) WITH ORDINALITY AS u(id, o) JOIN ds_stream AS t ON t.id = u.id
+         WHERE ds_registry_lists(t.path)
+         ORDER BY u.o));
 END;
 $$;
 

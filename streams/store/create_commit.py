@@ -5,8 +5,9 @@ Every create is recorded in the ``__registry__`` stream in its own transaction
 through its commit's WAL flush: 300 concurrent creates took 300 flushes one after another. So,
 as with appends (``group_commit``): at most ``MAX_TRANSACTIONS`` create transactions are in
 flight per process, and creates arriving while they are busy wait and go together in the next
-one (one lock hold, one flush), each still judged on its own. A lone create never waits. If
-the shared transaction fails, each create is written alone, so an error fails only its own.
+one (one lock hold, one flush), each still judged on its own. A lone create never waits: it
+is written in its caller's task (as a lone append is: ``group_commit``). If the shared
+transaction fails, each create is written alone, so an error fails only its own.
 """
 
 from __future__ import annotations
@@ -38,19 +39,30 @@ async def create(request: CreateRequest) -> CreateResult:
     future: asyncio.Future[CreateResult] = asyncio.get_running_loop().create_future()
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
     _pending.append((request, future))
+    if len(_pending) == 1 and (batch := _take_batch()) is not None:
+        await _write(batch)  # alone: written here
+        return future.result()
     _dispatch()
     return await asyncio.shield(future)
 
 
 def _dispatch() -> None:
-    global _in_flight
-    while _pending and _in_flight < MAX_TRANSACTIONS:
-        batch = _pending[:MAX_CREATES]
-        del _pending[:MAX_CREATES]
-        _in_flight += 1
+    while (batch := _take_batch()) is not None:
         writer = asyncio.get_running_loop().create_task(_write(batch))
         _writers.add(writer)
         writer.add_done_callback(_writers.discard)
+
+
+def _take_batch() -> list[Pending] | None:
+    """The next transaction's creates, its slot taken; None when none wait or no slot is
+    free."""
+    global _in_flight
+    if not _pending or _in_flight >= MAX_TRANSACTIONS:
+        return None
+    batch = _pending[:MAX_CREATES]
+    del _pending[:MAX_CREATES]
+    _in_flight += 1
+    return batch
 
 
 async def _write(batch: list[Pending]) -> None:

@@ -7,13 +7,16 @@ are serialized by its row lock. So inside one process:
   queued goes in the next batch (one lock, one statement for all of them);
 * across streams, at most ``MAX_TRANSACTIONS`` transactions are in flight at once; streams whose
   appends are ready while every slot is busy wait, and the next free slot takes all of them in
-  ONE transaction (one commit, one WAL flush), each stream's batch still its own statement,
-  sent pipelined in one round trip.
+  ONE statement (``ds_append_streams``: one transaction, one commit, one WAL flush), each
+  stream's batch judged as it would be alone.
 
-A lone append never waits: with a slot free it is written at once. Each request is judged on
-its own (``ds_append``), is acknowledged only after the commit, and an error nobody anticipated
-fails only its own request (``_after_failure``). Across processes, transactions simply queue on
-the row locks, taken in path order everywhere.
+A lone append never waits: with a slot free it is written at once, in its caller's own task (a
+writer task of its own cost 2-5% more server CPU per append, side by side; a caller cancelled
+while its statement runs cancels the write: docs/decisions.md says what that skips, and the
+console, whose view Django cancels when its client leaves, shields the call). Each request is
+judged on its own (``ds_append``), is acknowledged only after the commit, and an error nobody
+anticipated fails only its own request (``_after_failure``). Across processes, transactions
+simply queue on the row locks, taken in path order everywhere.
 """
 
 from __future__ import annotations
@@ -93,9 +96,18 @@ async def append(request: AppendRequest) -> AppendResult:
     queue.pending.append((request, future))
     if not queue.running:
         _ready[request.path] = None
+        if len(_ready) == 1 and len(queue.pending) == 1:
+            # Alone: written here. Cancelled, it still gives back its slot and its stream's
+            # queue (_write); what queued behind it meanwhile goes in the next transaction.
+            transaction = _take_transaction()
+            if transaction is not None:
+                await _write(*transaction)
+                result = future.result()
+                metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+                return result
         _dispatch()
-    # The writer is a task of its own: a client that disconnects mid-append cancels only its
-    # wait, never the transaction other requests share.
+    # Batched with others: the writer is a task of its own, so a caller cancelled mid-append
+    # cancels only its wait, never the transaction other requests share.
     result = await asyncio.shield(future)
     metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
     return result
@@ -103,13 +115,22 @@ async def append(request: AppendRequest) -> AppendResult:
 
 def _dispatch() -> None:
     """Start transactions for ready streams while slots are free."""
+    while (transaction := _take_transaction()) is not None:
+        writer = asyncio.get_running_loop().create_task(_write(*transaction))
+        _writers.add(writer)
+        writer.add_done_callback(_writers.discard)
+
+
+def _take_transaction() -> tuple[list[Batch], bool] | None:
+    """The next transaction's batches (and whether it is a large one), its slot taken; None
+    when no stream is ready or no slot is free."""
     global _in_flight, _in_flight_large
-    while _ready:
+    if _ready:
         large = _pending_bytes(next(iter(_ready))) >= LARGE_TRANSACTION_BYTES
         if large and _in_flight + _in_flight_large >= max(1, settings.DS_DB_POOL_MAX_SIZE - 2):
-            return
+            return None
         if not large and _in_flight >= max_transactions():
-            return
+            return None
         batches: list[Batch] = []
         size = 0
         # A large transaction takes about one stream's data, so large appends to several
@@ -128,9 +149,8 @@ def _dispatch() -> None:
             _in_flight_large += 1
         else:
             _in_flight += 1
-        writer = asyncio.get_running_loop().create_task(_write(batches, large=large))
-        _writers.add(writer)
-        writer.add_done_callback(_writers.discard)
+        return batches, large
+    return None
 
 
 def _pending_bytes(path: str) -> int:
@@ -149,7 +169,7 @@ def _take_batch(queue: _StreamQueue) -> list[Pending]:
     return batch
 
 
-async def _write(batches: list[Batch], *, large: bool) -> None:
+async def _write(batches: list[Batch], large: bool) -> None:
     global _in_flight, _in_flight_large
     try:
         metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))

@@ -37,6 +37,10 @@ _CREATE_SQL = (
     "SELECT outcome, id, content_type, next_seq, next_pos, closed"
     " FROM ds_create(%s, %s, %s, %s, %s, %b::bytea[], %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+_CREATE_STREAMS_SQL = (
+    "SELECT ord, outcome, id, content_type, next_seq, next_pos, closed"
+    " FROM ds_create_streams(%s::jsonb, %b::bytea[], %s)"
+)
 # Scalar parameters only: psycopg's per-element type detection for list parameters cost more
 # than the whole SQL function (docs/decisions.md).
 _APPEND_SQL = (
@@ -197,52 +201,36 @@ async def append_batches(
 async def create_streams(
     requests: list[CreateRequest], *, max_stream_bytes: int
 ) -> list[CreateResult | ProtocolError]:
-    """Several creates in ONE transaction (one commit, one WAL flush, one hold of the
-    registry's lock for all: state/sql records every create in the __registry__ stream), each
-    judged as ``create_stream`` judges it. If any statement fails, nothing is stored and the
-    error is raised (the caller creates each alone then)."""
-    rows = await _execute_together(
-        [
-            (request.path, _CREATE_SQL, _create_params(request, max_stream_bytes))
-            for request in requests
-        ]
-    )
-    results: list[CreateResult | ProtocolError] = []
-    for (row,) in rows:
+    """Several creates in ONE statement (ds_create_streams: one transaction, one commit, one
+    WAL flush, one append to the __registry__ stream for all: state/sql), each judged as
+    ``create_stream`` judges it, in path order (the order every process locks streams in). If
+    any create fails, nothing is stored and the error is raised (the caller creates each alone
+    then)."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].path)
+    described = []
+    data: list[bytes] = []
+    for i in order:
+        params = _create_params(requests[i], max_stream_bytes)
+        expires_at = params[3]
+        messages = params[5]
+        described.append(
+            [
+                *params[:3],
+                expires_at.isoformat() if expires_at is not None else None,
+                params[4],
+                len(messages),
+                *params[7:],
+            ]
+        )
+        data.extend(messages)
+    rows = await _execute(_CREATE_STREAMS_SQL, (json.dumps(described), data, max_stream_bytes))
+    results: list[CreateResult | ProtocolError] = [ProtocolError("no result")] * len(requests)
+    for row in rows:
         try:
-            results.append(_create_result(row))
+            results[order[row[0] - 1]] = _create_result(row[1:])
         except ProtocolError as error:
-            results.append(error)
+            results[order[row[0] - 1]] = error
     return results
-
-
-async def _execute_together(
-    statements: list[tuple[str, str, tuple[Any, ...]]],
-) -> list[list[tuple[Any, ...]]]:
-    """Statements ``(stream path, sql, params)`` in one transaction, sent pipelined (one round
-    trip) in the order of their stream paths, the order every process locks streams in, so
-    two such transactions cannot deadlock on each other's streams; the rows of each, in the
-    order given."""
-    order = sorted(range(len(statements)), key=lambda i: statements[i][0])
-    for attempt in range(RETRIES):
-        try:
-            async with connection() as conn, conn.transaction():
-                async with conn.pipeline():
-                    cursors = [
-                        await conn.execute(statements[i][1], statements[i][2]) for i in order
-                    ]
-                fetched = [await cursor.fetchall() for cursor in cursors]
-                carried(conn, sum(_data_bytes(statement[2]) for statement in statements))
-            rows: list[list[tuple[Any, ...]]] = [[] for _ in statements]
-            for i, statement_rows in zip(order, fetched, strict=True):
-                rows[i] = statement_rows
-            return rows
-        except (errors.DeadlockDetected, errors.SerializationFailure):
-            if attempt == RETRIES - 1:
-                raise
-            logger.warning("retrying writes after a lock conflict (attempt %d)", attempt + 1)
-            await asyncio.sleep(0.005 * (attempt + 1))
-    raise AssertionError("unreachable")
 
 
 def _append_params(

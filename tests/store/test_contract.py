@@ -14,6 +14,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -40,6 +41,7 @@ from streams.store.types import (
     AppendRequest,
     AppendResult,
     CreateRequest,
+    CreateResult,
     ForkSpec,
     TrimResult,
 )
@@ -372,7 +374,10 @@ def test_a_value_psycopg_will_not_send_is_the_requests_fault(pg: Any) -> None:
     with pytest.raises(psycopg.DataError) as refused:
         pg.execute("SELECT %s::text", ["a\x00b"])
     assert refused.value.sqlstate is None
-    assert isinstance(refusal_for(refused.value), BadRequest)
+    refusal = refusal_for(refused.value)
+    assert isinstance(refusal, BadRequest)
+    # It says why (psycopg's words), not an empty "SQLSTATE".
+    assert "NUL" in str(refusal) and "SQLSTATE" not in str(refusal), str(refusal)
 
 
 def test_outcome_types_match_the_database(pg: Any) -> None:
@@ -490,3 +495,121 @@ def test_a_connection_that_carried_a_large_statement_is_replaced(path: str, sett
     assert first == after_small
     assert after_write != after_small
     assert after_read != after_write
+
+
+def test_a_lone_append_cancelled_mid_write_leaves_its_stream_writable(
+    path: str, database_url: str
+) -> None:
+    """A lone append is written in its caller's task (group_commit.append). Cancelled while
+    its statement waits (here for the stream's row lock, held by the test), it gives back its
+    transaction slot and its stream's queue: the next append is written, and an append that
+    queued behind it meanwhile is answered too."""
+
+    async def scenario() -> tuple[list[Any], int, bytes]:
+        await create(path)
+        holder = await psycopg.AsyncConnection.connect(database_url)
+        try:
+            async with holder.transaction():
+                await holder.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", [path])
+                lone = asyncio.ensure_future(group_commit.append(append(path, b"a")))
+                await asyncio.sleep(0.3)  # it waits for the row lock
+                behind = asyncio.ensure_future(group_commit.append(append(path, b"b")))
+                await asyncio.sleep(0.05)
+                lone.cancel()
+                await asyncio.gather(lone, return_exceptions=True)
+        finally:
+            await holder.close()
+        results = [await behind, await group_commit.append(append(path, b"c"))]
+        return results, group_commit._in_flight, await content(path)
+
+    results, in_flight, stored = run(scenario)
+    assert all(isinstance(r, AppendResult) for r in results), results
+    assert in_flight == 0
+    # "a" was sent before it was cancelled: stored or not, never twice, and b, c in order.
+    assert stored in (b"bc", b"abc"), stored
+
+
+def test_a_batch_of_creates_judges_each_and_records_them_in_order(path: str, pg: Any) -> None:
+    """Creates in one statement (writes.create_streams: ds_create_streams): each gets the
+    verdict it would get alone (created, an idempotent repeat, a conflict, a fork, initial
+    messages, an expiry), in the caller's order whatever the path order; the registry holds
+    one insert per stream created, in path order, at consecutive offsets."""
+    expires = datetime(2099, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    def request(name: str, content_type: str = TEXT, **kwargs: Any) -> CreateRequest:
+        return CreateRequest(
+            path=f"{path}/{name}",
+            content_type=content_type,
+            ttl_seconds=None,
+            expires_at=kwargs.pop("expires_at", None),
+            closed=False,
+            messages=kwargs.pop("messages", []),
+            **kwargs,
+        )
+
+    async def scenario() -> tuple[list[Any], bytes, bytes]:
+        await create(f"{path}/b-existing")
+        requests = [
+            request("d-messages", messages=[b"one", b"two"]),
+            request("b-existing"),  # an idempotent repeat
+            request("b-existing", "application/json"),  # a conflict
+            request("c-fork", fork=ForkSpec(f"{path}/b-existing", None, 0)),
+            request("a-expiring", expires_at=expires),
+            request("e-bad-fork", fork=ForkSpec(f"{path}/missing", None, 0)),
+        ]
+        results = await writes.create_streams(requests, max_stream_bytes=MAX)
+        return results, await content(f"{path}/d-messages"), await content(f"{path}/c-fork")
+
+    registry_tail = pg.execute("SELECT next_seq FROM ds_stream WHERE path = '__registry__'")
+    (before,) = registry_tail.fetchone()
+    results, messages, fork = run(scenario)
+    created, existing, conflict, forked, expiring, bad = results
+    assert isinstance(created, CreateResult) and created.created and created.tail.seq == 2
+    assert isinstance(existing, CreateResult) and not existing.created
+    assert isinstance(conflict, Conflict)
+    assert isinstance(forked, CreateResult) and forked.created
+    assert isinstance(expiring, CreateResult) and expiring.created
+    assert isinstance(bad, ProtocolError) and 400 <= bad.status < 500
+    assert messages == b"onetwo" and fork == b""
+    row = pg.execute(
+        "SELECT expires_at FROM ds_stream WHERE path = %s", [f"{path}/a-expiring"]
+    ).fetchone()
+    assert row == (expires,)
+    events = pg.execute(
+        "SELECT m.seq, convert_from(m.data, 'UTF8')::jsonb ->> 'key' FROM ds_message AS m"
+        " JOIN ds_stream AS s ON s.id = m.stream_id"
+        " WHERE s.path = '__registry__' AND m.seq >= %s AND m.data::text LIKE %s ORDER BY m.seq",
+        [before, "%" + path.encode().hex() + "%"],
+    ).fetchall()
+    keys = [key for _, key in events]
+    names = ("b-existing", "a-expiring", "c-fork", "d-messages")  # created alone, then the batch
+    assert keys == [f"{path}/{n}" for n in names], events
+    seqs = [seq for seq, _ in events[1:]]
+    assert seqs == list(range(seqs[0], seqs[0] + 3))
+
+
+def test_a_batch_of_creates_that_creates_nothing_leaves_the_registry_alone(
+    path: str, database_url: str
+) -> None:
+    """Creates that all find their stream there (idempotent repeats) announce nothing, so they
+    must not wait for the registry's lock (held here by the test, as a long create batch
+    would hold it)."""
+
+    async def scenario() -> list[Any]:
+        await create(f"{path}/a")
+        await create(f"{path}/b")
+        holder = await psycopg.AsyncConnection.connect(database_url)
+        try:
+            async with holder.transaction():
+                await holder.execute(
+                    "SELECT 1 FROM ds_stream WHERE path = '__registry__' FOR UPDATE"
+                )
+                repeats = [CreateRequest(f"{path}/{n}", TEXT, None, None, False, []) for n in "ab"]
+                return await asyncio.wait_for(
+                    writes.create_streams(repeats, max_stream_bytes=MAX), timeout=10
+                )
+        finally:
+            await holder.close()
+
+    results = run(scenario)
+    assert all(isinstance(r, CreateResult) and not r.created for r in results), results

@@ -30,6 +30,9 @@ $$;
 -- another version is refused as `validation_stale` and revalidated by the server.
 CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
+-- ds_hook_created_batch: several streams appeared at once (ds_create_streams), in this order.
+CREATE OR REPLACE FUNCTION ds_hook_created_batch(p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
@@ -340,6 +343,10 @@ $$;
 -- (ds_create_fork_plan); the row and its first messages (a fork's sub-offset prefix, then the
 -- request's) are stored.
 -- Outcomes: ds_create_outcome (streams/store/outcomes.py maps them to answers).
+-- p_created_hook: call ds_hook_created for the new stream (ds_create_streams calls
+-- ds_hook_created_batch once for its whole batch instead).
+DROP FUNCTION IF EXISTS ds_create(text, text, bigint, timestamptz, boolean, bytea[], bigint, text,
+                                  bigint, bigint, bigint, text, bigint, bigint);
 CREATE OR REPLACE FUNCTION ds_create(
     p_path text,
     p_content_type text,
@@ -354,7 +361,8 @@ CREATE OR REPLACE FUNCTION ds_create(
     p_fork_sub bigint,
     p_created_by text,
     p_retention_max_age bigint,
-    p_retention_max_bytes bigint
+    p_retention_max_bytes bigint,
+    p_created_hook boolean DEFAULT true
 )
 RETURNS TABLE (
     outcome ds_create_outcome, id bigint, content_type text, next_seq bigint, next_pos bigint,
@@ -491,9 +499,52 @@ BEGIN
     IF v_seq <> v_anchor_seq THEN
         UPDATE ds_stream AS t SET next_seq = v_seq, next_pos = v_pos WHERE t.id = v_id;
     END IF;
-    SELECT * INTO s FROM ds_stream AS t WHERE t.id = v_id;
-    PERFORM ds_hook_created(s);
+    IF p_created_hook THEN
+        SELECT * INTO s FROM ds_stream AS t WHERE t.id = v_id;
+        PERFORM ds_hook_created(s);
+    END IF;
     RETURN QUERY SELECT 'created'::ds_create_outcome, v_id, v_type, v_seq, v_pos, p_closed;
+END;
+$$;
+
+-- Group commit of creates (streams/store/create_commit.py): several creates in ONE statement,
+-- each judged by ds_create as it would be alone, in the order given (the caller sorts them by
+-- path, the order every process locks streams in). The streams created are told to
+-- ds_hook_created_batch at once, after all of them (state/: one append to the registry for
+-- the batch, not one each). p_requests: per create, [path, content type, ttl seconds, expires
+-- at, closed, how many messages, fork source, fork seq, fork pos, fork sub-offset, created
+-- by, retention max age, retention max bytes]; p_data: every create's messages, in order.
+-- Rows: the create's ordinal (1-based), then ds_create's row.
+CREATE OR REPLACE FUNCTION ds_create_streams(
+    p_requests jsonb, p_data bytea[], p_max_stream_bytes bigint
+)
+RETURNS TABLE (
+    ord int, outcome ds_create_outcome, id bigint, content_type text, next_seq bigint,
+    next_pos bigint, closed boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r jsonb;
+    c record;
+    v_first int := 1;
+    v_count int;
+    v_created bigint[] := '{}';
+BEGIN
+    FOR i IN 1..jsonb_array_length(p_requests) LOOP
+        r := p_requests -> (i - 1);
+        v_count := (r ->> 5)::int;
+        SELECT * INTO c FROM ds_create(
+            r ->> 0, r ->> 1, (r ->> 2)::bigint, (r ->> 3)::timestamptz, (r ->> 4)::boolean,
+            coalesce(p_data[v_first : v_first + v_count - 1], '{}'), p_max_stream_bytes,
+            r ->> 6, (r ->> 7)::bigint, (r ->> 8)::bigint, (r ->> 9)::bigint, r ->> 10,
+            (r ->> 11)::bigint, (r ->> 12)::bigint, false) AS d;
+        v_first := v_first + v_count;
+        IF c.outcome = 'created' THEN
+            v_created := v_created || c.id;
+        END IF;
+        RETURN QUERY SELECT i, c.outcome, c.id, c.content_type, c.next_seq, c.next_pos, c.closed;
+    END LOOP;
+    PERFORM ds_hook_created_batch(v_created);
 END;
 $$;
 
