@@ -74,6 +74,11 @@ _records: dict[str, tuple[KeyRecord | None, float]] = {}
 # keys whose hash matched their record: checked once per process
 _matched: set[str] = set()
 _lock = threading.Lock()
+# key id -> its lookup in progress, shared by the requests that miss the cache meanwhile
+_lookups: dict[str, asyncio.Future[KeyRecord | None]] = {}
+# Counts forget()s: a lookup that began before one may have read what changed since, so its
+# result is used once but not kept.
+_generation = 0
 
 
 def open_mode() -> bool:
@@ -108,7 +113,7 @@ async def authenticate(authorization: str | None, query: dict[str, list[str]]) -
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                record = _remember(key_id, await _fetch(key_id))
+                record = await _lookup(key_id)
         principal = None
         if credential.token is not None:
             principal = tokens.cached(credential.token)
@@ -132,7 +137,10 @@ def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) ->
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                record = _remember(key_id, _fetch_sync(key_id))
+                generation = _generation
+                record = _fetch_sync(key_id)
+                if generation == _generation:
+                    _remember(key_id, record)
         principal = tokens.verify(credential.token) if credential.token is not None else None
         return _conclude(credential, record, principal)
     except Unauthorized:
@@ -198,6 +206,33 @@ def _cached(prefix: str) -> KeyRecord | Any | None:
     return record
 
 
+async def _lookup(prefix: str) -> KeyRecord | None:
+    """The key's record from the database, through one lookup per key at a time: requests
+    that arrive together with a key not loaded (a new one, or any after the cache's expiry or
+    a change to keys) would otherwise take a connection each, and go on in the order their
+    lookups came back rather than the order they came in."""
+    lookup = _lookups.get(prefix)
+    if lookup is None:
+        lookup = asyncio.ensure_future(_fetch_and_remember(prefix))
+        _lookups[prefix] = lookup
+
+        def done(_: object, lookup: asyncio.Future[KeyRecord | None] = lookup) -> None:
+            if _lookups.get(prefix) is lookup:
+                del _lookups[prefix]
+            if not lookup.cancelled():
+                lookup.exception()  # retrieved, even when every requester has gone
+
+        lookup.add_done_callback(done)
+    # Shielded: a requester that leaves does not cancel the others' lookup.
+    return await asyncio.shield(lookup)
+
+
+async def _fetch_and_remember(prefix: str) -> KeyRecord | None:
+    generation = _generation
+    record = await _fetch(prefix)
+    return _remember(prefix, record) if generation == _generation else record
+
+
 def _remember(prefix: str, record: KeyRecord | None) -> KeyRecord | None:
     with _lock:
         if len(_records) >= MAX_CACHED:
@@ -248,9 +283,12 @@ def _fetch_sync(prefix: str) -> KeyRecord | None:
 def forget(_payload: str = "") -> None:
     """Drop every cached key (a key or grant changed somewhere, or notifications may have
     been missed)."""
+    global _generation
     with _lock:
+        _generation += 1
         _records.clear()
         _matched.clear()
+        _lookups.clear()
     tokens.forget()
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import psycopg
 import pytest
 from durable_streams import DurableStream, stream
 
@@ -101,6 +103,54 @@ def test_revocation_reaches_another_process_within_a_second(
                     break
                 time.sleep(0.01)
         assert statuses == {401}
+
+
+def test_requests_with_a_key_not_yet_loaded_share_one_lookup(
+    servers: Any, admin: dict[str, str], database_url: str
+) -> None:
+    """Requests that arrive together with a key their process has not loaded (a new key, or
+    every key after the cache's expiry or a change to keys) wait for one lookup of it, not one
+    each: a burst would otherwise take a connection per request, and its appends would go on in
+    the order their lookups came back. The lookup is held up by a lock on the keys' table."""
+    first, _ = servers
+    path = f"lookup/{time.time_ns()}"
+    _create(first, admin, path, body="")
+    key = create_key(database_url, "burst", "stream/lookup/:read,append")
+    with psycopg.connect(database_url) as locker, psycopg.connect(database_url) as observer:
+        observer.autocommit = True
+        locker.execute("LOCK TABLE ds_api_key IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            posts = [
+                pool.submit(
+                    httpx.post,
+                    first.stream_url(path),
+                    headers=TEXT | bearer(key),
+                    content=f"{n};",
+                    timeout=30,
+                )
+                for n in range(8)
+            ]
+
+            def lookups() -> int:
+                row = observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    ("%FROM ds_api_key AS k%",),
+                ).fetchone()
+                assert row is not None
+                return int(row[0])
+
+            deadline = time.monotonic() + 10
+            while lookups() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # every request has arrived and is waiting by now
+            waiting = lookups()
+            locker.rollback()
+            statuses = [post.result().status_code for post in posts]
+    assert waiting == 1
+    assert statuses == [204] * 8
+    body = httpx.get(first.stream_url(path), params={"offset": "-1"}, headers=admin).text
+    assert sorted(body.split(";")[:-1], key=int) == [str(n) for n in range(8)]
 
 
 def test_signed_urls_read_until_they_expire(
