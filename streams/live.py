@@ -234,8 +234,11 @@ class LiveHub:
                 break
         if not matched:
             return None
+        # Up to date only if nothing newer was heard of: no later sequence number, and no
+        # close that the kept data does not show (a close without data is notified without
+        # any, so it is never kept: the reader must re-read the store to see it).
         seen = self._seen.get(stream_id)
-        up_to_date = seen is not None and seen[0] <= position.seq
+        up_to_date = seen is not None and seen[0] <= position.seq and (closed or seen[1] != "c")
         return LocalDelivery(messages, position, closed, up_to_date)
 
     def _changed(self, stream_id: int, next_seq: int, state: str) -> None:
@@ -243,6 +246,8 @@ class LiveHub:
         if not subscribers:
             return
         seen = self._seen.get(stream_id)
+        if seen is not None and seen[1] != "o" and state == "o":
+            state = seen[1]  # a stream once closed stays closed: a late notice cannot reopen it
         if seen is not None and state == seen[1] and next_seq <= seen[0]:
             return
         self._seen[stream_id] = (max(next_seq, seen[0]) if seen else next_seq, state)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import signal
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -364,3 +365,50 @@ def test_a_reader_reads_only_after_its_stream_is_marked_watched(
             holder.execute("COMMIT")
             answer = poll.result(timeout=10)
     assert answer.status_code == 200 and answer.content == b"early"
+
+
+def test_an_sse_reader_woken_once_by_an_append_and_a_close_ends_the_stream(
+    two_servers: tuple[Any, Any], start_server: Any
+) -> None:
+    """Another process appends and then closes (a close without data: its notification
+    carries no data) while the reader's process is held still, so both notifications reach
+    it together and wake the SSE reader once. The reader takes the append from memory and
+    must not take that for the whole story: the stream is closed, and the event stream ends
+    (before the fix the reader, its wake spent, waited forever)."""
+    _, writer = two_servers
+    reader = start_server()
+    path = f"multiprocess/append-then-close-{time.time_ns()}"
+    url_reader, url_writer = reader.stream_url(path), writer.stream_url(path)
+
+    async def scenario() -> list[tuple[str, str]]:
+        async with httpx.AsyncClient(timeout=20) as client:
+            created = await client.put(url_writer, headers=JSON, content=b'{"n": 0}')
+            assert created.status_code == 201
+            events: asyncio.Queue = asyncio.Queue()
+            reading = asyncio.create_task(
+                _sse_events(client, url_reader, created.headers["Stream-Next-Offset"], events)
+            )
+            first = await asyncio.wait_for(events.get(), 5)  # the reader is at the tail
+            assert first[0] == "control"
+            await asyncio.sleep(0.3)  # ... and waiting
+            reader.process.send_signal(signal.SIGSTOP)
+            try:
+                appended = await client.post(url_writer, content=b'{"n": 1}', headers=JSON)
+                assert appended.status_code == 204
+                closed = await client.post(url_writer, headers={"Stream-Closed": "true"})
+                assert closed.status_code == 204
+                await asyncio.sleep(0.3)  # both notifications are on their way
+            finally:
+                reader.process.send_signal(signal.SIGCONT)
+            await asyncio.wait_for(reading, 10)  # the event stream ended
+            seen = [first]
+            while not events.empty():
+                seen.append(events.get_nowait())
+            return [(kind, data) for kind, data, _ in seen]
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        reader.stop()
+    assert [json.loads(data) for kind, data in seen if kind == "data"] == [[{"n": 1}]]
+    assert json.loads(seen[-1][1]).get("streamClosed") is True
