@@ -95,7 +95,7 @@ async def create_stream(request: CreateRequest, *, max_stream_bytes: int) -> Cre
 
 
 def _create_params(request: CreateRequest, max_stream_bytes: int) -> tuple[Any, ...]:
-    fork = request.fork
+    """``ds_create``'s arguments."""
     return (
         request.path,
         request.content_type,
@@ -104,13 +104,37 @@ def _create_params(request: CreateRequest, max_stream_bytes: int) -> tuple[Any, 
         request.closed,
         request.messages,
         max_stream_bytes,
+        *_fork_and_owner(request),
+    )
+
+
+def _create_description(request: CreateRequest) -> list[Any]:
+    """One create of ``ds_create_streams`` (its ``r ->> 0`` to ``r ->> 12``): the arguments of
+    ``ds_create`` as JSON, with the number of its messages in place of them."""
+    expires_at = request.expires_at
+    return [
+        request.path,
+        request.content_type,
+        request.ttl_seconds,
+        expires_at.isoformat() if expires_at is not None else None,
+        request.closed,
+        len(request.messages),
+        *_fork_and_owner(request),
+    ]
+
+
+def _fork_and_owner(request: CreateRequest) -> tuple[Any, ...]:
+    """The fork's source, offset and sub-offset, the creator and the retention policy."""
+    fork = request.fork
+    retention = request.retention
+    return (
         fork.source_path if fork else None,
         fork.offset.seq if fork and fork.offset else None,
         fork.offset.pos if fork and fork.offset else None,
         fork.sub_offset if fork else 0,
         request.created_by,
-        request.retention.max_age if request.retention else None,
-        request.retention.max_bytes if request.retention else None,
+        retention.max_age if retention else None,
+        retention.max_bytes if retention else None,
     )
 
 
@@ -207,22 +231,8 @@ async def create_streams(
     any create fails, nothing is stored and the error is raised (the caller creates each alone
     then)."""
     order = sorted(range(len(requests)), key=lambda i: requests[i].path)
-    described = []
-    data: list[bytes] = []
-    for i in order:
-        params = _create_params(requests[i], max_stream_bytes)
-        expires_at = params[3]
-        messages = params[5]
-        described.append(
-            [
-                *params[:3],
-                expires_at.isoformat() if expires_at is not None else None,
-                params[4],
-                len(messages),
-                *params[7:],
-            ]
-        )
-        data.extend(messages)
+    described = [_create_description(requests[i]) for i in order]
+    data = [message for i in order for message in requests[i].messages]
     rows = await _execute(_CREATE_STREAMS_SQL, (json.dumps(described), data, max_stream_bytes))
     results: list[CreateResult | ProtocolError] = [ProtocolError("no result")] * len(requests)
     for row in rows:
