@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextvars import ContextVar
 from typing import Any, Self
 
 import psycopg
@@ -37,6 +38,18 @@ from streams import metrics
 from streams.errors import ServiceUnavailable
 
 logger = logging.getLogger(__name__)
+
+# Set while a connection closed on purpose (it carried a large statement) goes back to the
+# pool, which warns of every closed connection given back: that warning is for faults only.
+_closed_on_purpose: ContextVar[bool] = ContextVar("closed_on_purpose", default=False)
+
+
+class _NoWarningForClosesOnPurpose(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_closed_on_purpose.get() and record.levelno == logging.WARNING)
+
+
+logging.getLogger("psycopg.pool").addFilter(_NoWarningForClosesOnPurpose())
 
 # A connection idle longer than this is checked before it is lent (one empty query).
 IDLE_CHECK_SECS = 1.0
@@ -250,7 +263,13 @@ class connection:
             _oversized.discard(id(conn))
             metrics.POOL_DISCARDED.inc()
             await conn.close()
-        await self._pool.putconn(conn)  # a closed or broken connection is replaced by the pool
+            closing = _closed_on_purpose.set(True)
+            try:
+                await self._pool.putconn(conn)  # the pool replaces it
+            finally:
+                _closed_on_purpose.reset(closing)
+        else:
+            await self._pool.putconn(conn)  # a broken connection is replaced by the pool
         if exc is not None and is_connection_failure(exc):
             _Health.failed()
             logger.warning("database connection failed: %s", str(exc).strip()[:200])
