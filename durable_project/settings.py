@@ -213,6 +213,10 @@ DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
 DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
+# Connections of each process reserved for write transactions over 8 MiB, which keep their
+# buffers (up to 32 MiB) instead of being replaced after each (streams.store.pool); 0: none,
+# such transactions use the pool above and replace their connection.
+DS_DB_LARGE_WRITE_CONNECTIONS = env.int("DS_DB__LARGE_WRITE_CONNECTIONS", default=2)
 # Write transactions in flight at once per process (streams.store.group_commit): appends that
 # arrive while they are busy wait and share the next one. Fewer means larger batches (less CPU
 # and fewer commits per append), more means less waiting.

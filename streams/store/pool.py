@@ -70,10 +70,17 @@ OUTAGE_WAIT_SECS = 0.5
 # libpq keeps a connection's buffers as large as the largest statement it sent and the largest
 # result it received, for the connection's life: after a 15 MiB append, 15 MiB (and more, the
 # buffer doubles) stays with that connection, in every one of the pool's connections in turn.
-# A connection that carried more than this is closed when given back and replaced.
+# A connection that carried more than this is closed when given back and replaced...
 BUFFER_KEEP_BYTES = 8 * 1024 * 1024
+# ... except the few reserved for larger write transactions (DS_DB__LARGE_WRITE_CONNECTIONS):
+# a replaced connection's next large statement runs on a new backend, which compiles the write
+# functions again and faults its memory in again (a 14 MiB append 90-100 ms instead of 53-55 ms,
+# docs/benchmarks.md). They keep buffers up to this; beyond it they are replaced too.
+LARGE_BUFFER_KEEP_BYTES = 32 * 1024 * 1024
 
 _pool: AsyncConnectionPool | None = None
+# The connections reserved for write transactions over BUFFER_KEEP_BYTES (None: not opened yet).
+_large_pool: AsyncConnectionPool | None = None
 _pool_lock: asyncio.Lock | None = None
 # When each connection was last given back, by id (a few entries: the pool's connections).
 _returned_at: dict[int, float] = {}
@@ -145,32 +152,49 @@ async def _check_if_idle(conn: AsyncConnection) -> None:
             raise
 
 
-async def get_pool() -> AsyncConnectionPool:
-    global _pool, _pool_lock
-    if _pool is not None:
-        return _pool
+async def get_pool(*, large: bool = False) -> AsyncConnectionPool:
+    """The process's pool, or with ``large`` its connections reserved for write transactions
+    over BUFFER_KEEP_BYTES (the main pool when there are none: DS_DB__LARGE_WRITE_CONNECTIONS
+    is 0)."""
+    global _pool, _large_pool, _pool_lock
+    large = large and settings.DS_DB_LARGE_WRITE_CONNECTIONS > 0
+    opened = _large_pool if large else _pool
+    if opened is not None:
+        return opened
     if _pool_lock is None:
         _pool_lock = asyncio.Lock()
     async with _pool_lock:
-        if _pool is None:
-            pool: AsyncConnectionPool = AsyncConnectionPool(
-                conninfo(),
-                min_size=settings.DS_DB_POOL_MIN_SIZE,
-                max_size=settings.DS_DB_POOL_MAX_SIZE,
-                kwargs={"autocommit": True},
-                open=False,
-                name="durable-streams",
-                timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
-                reconnect_timeout=RECONNECT_TIMEOUT_SECS,
-                check=_check_if_idle,
-                connection_class=_PoolConnection,
+        if large and _large_pool is None:
+            _large_pool = await _open(
+                "durable-streams-large", 0, settings.DS_DB_LARGE_WRITE_CONNECTIONS
             )
-            # Not waiting for the first connections: with the database down the process still
-            # starts, and requests answer 503 until it is back.
-            await pool.open(wait=False)
-            _pool = pool
-            logger.info("database pool open (max %d connections)", settings.DS_DB_POOL_MAX_SIZE)
-    return _pool
+        elif not large and _pool is None:
+            _pool = await _open(
+                "durable-streams", settings.DS_DB_POOL_MIN_SIZE, settings.DS_DB_POOL_MAX_SIZE
+            )
+    pool = _large_pool if large else _pool
+    assert pool is not None
+    return pool
+
+
+async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
+    pool: AsyncConnectionPool = AsyncConnectionPool(
+        conninfo(),
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        open=False,
+        name=name,
+        timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
+        reconnect_timeout=RECONNECT_TIMEOUT_SECS,
+        check=_check_if_idle,
+        connection_class=_PoolConnection,
+    )
+    # Not waiting for the first connections: with the database down the process still starts,
+    # and requests answer 503 until it is back.
+    await pool.open(wait=False)
+    logger.info("database pool %s open (max %d connections)", name, max_size)
+    return pool
 
 
 def count_connections() -> None:
@@ -184,10 +208,11 @@ def count_connections() -> None:
 
 
 async def close_pool() -> None:
-    global _pool
-    if _pool is not None:
-        pool, _pool = _pool, None
-        await pool.close(timeout=5)
+    global _pool, _large_pool
+    for pool in (_pool, _large_pool):
+        if pool is not None:
+            await pool.close(timeout=5)
+    _pool = _large_pool = None
 
 
 class connection:
@@ -199,10 +224,17 @@ class connection:
     putconn: this runs once per statement of the hot path (measured: 21 us -> 8 us per borrow
     without the pool's reset callback and the generator)."""
 
-    __slots__ = ("_conn", "_pool")
+    __slots__ = ("_conn", "_large", "_pool")
+
+    def __init__(self, *, large: bool = False) -> None:
+        # A write transaction over BUFFER_KEEP_BYTES: one of the reserved connections.
+        self._large = large
 
     async def __aenter__(self) -> AsyncConnection:
-        pool = _pool if _pool is not None else await get_pool()
+        if self._large:
+            pool = await get_pool(large=True)
+        else:
+            pool = _pool if _pool is not None else await get_pool()
         self._pool = pool
         asked = time.perf_counter()
         try:
@@ -286,10 +318,12 @@ def _give_back(pool: AsyncConnectionPool, waiter: asyncio.Future[AsyncConnection
     task.add_done_callback(_giving_back.discard)
 
 
-def carried(conn: AsyncConnection, nbytes: int) -> None:
+def carried(conn: AsyncConnection, nbytes: int, *, large: bool = False) -> None:
     """A statement on the borrowed ``conn`` sent or received about ``nbytes``: past
-    BUFFER_KEEP_BYTES the connection is closed when given back, which frees its buffers."""
-    if nbytes > BUFFER_KEEP_BYTES:
+    BUFFER_KEEP_BYTES (LARGE_BUFFER_KEEP_BYTES for a connection reserved for large writes) the
+    connection is closed when given back, which frees its buffers."""
+    reserved = large and settings.DS_DB_LARGE_WRITE_CONNECTIONS > 0
+    if nbytes > (LARGE_BUFFER_KEEP_BYTES if reserved else BUFFER_KEEP_BYTES):
         _oversized.add(id(conn))
 
 

@@ -28,7 +28,7 @@ from streams.store.outcomes import (
     DeleteOutcome,
     append_error,
 )
-from streams.store.pool import carried, connection
+from streams.store.pool import BUFFER_KEEP_BYTES, carried, connection
 from streams.store.types import AppendRequest, AppendResult, CreateRequest, CreateResult
 
 logger = logging.getLogger(__name__)
@@ -62,11 +62,14 @@ RETRIES = 5
 
 
 async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    size = _data_bytes(params)
+    # Over BUFFER_KEEP_BYTES: on a connection reserved for large writes (streams.store.pool).
+    large = size > BUFFER_KEEP_BYTES
     for attempt in range(RETRIES):
         try:
-            async with connection() as conn:
+            async with connection(large=large) as conn:
                 cur = await conn.execute(sql, params)
-                carried(conn, _data_bytes(params))
+                carried(conn, size, large=large)
                 return await cur.fetchall()
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == RETRIES - 1:

@@ -113,3 +113,18 @@ def test_large_text_and_json_messages_read_back_exactly(
         if response.headers.get("Stream-Up-To-Date") == "true":
             break
     assert items == documents
+
+
+def test_writes_over_eight_mib_are_stored_exactly(client: httpx.Client, stream_path: str) -> None:
+    """Creates and appends with more than 8 MiB of data run on the connections reserved for
+    large writes (streams.store.pool): each is stored exactly, in order, with small appends
+    between them, and a second create of the same content is the idempotent repeat."""
+    big = [bytes([n]) * (8 * 1024 * 1024 + 1 + n) for n in range(3)]
+    path = f"{stream_path}-big"
+    headers = {"Content-Type": "application/octet-stream"}
+    assert client.put(url(path), headers=headers, content=big[0]).status_code == 201
+    assert client.put(url(path), headers=headers, content=big[0]).status_code == 200
+    for body in (big[1], b"small", big[2]):
+        assert client.post(url(path), headers=headers, content=body).status_code == 204
+    body, _ = _catch_up(client, path)
+    assert body == big[0] + big[1] + b"small" + big[2]

@@ -55,7 +55,7 @@ def run(scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     """Run a scenario on a fresh event loop with a pool of its own (on the test database)."""
 
     async def main() -> Any:
-        pool._pool, pool._pool_lock = None, None
+        pool._pool, pool._large_pool, pool._pool_lock = None, None, None
         try:
             return await scenario()
         finally:
@@ -469,20 +469,25 @@ def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
 
 
+@pytest.mark.parametrize("reserved", [2, 0])
 def test_a_connection_that_carried_a_large_statement_is_replaced(
-    path: str, settings: Any, caplog: pytest.LogCaptureFixture
+    path: str, settings: Any, caplog: pytest.LogCaptureFixture, reserved: int
 ) -> None:
     """libpq keeps a connection's buffers as large as the largest statement it sent or result it
     received: a connection that carried more than BUFFER_KEEP_BYTES is closed when given back
     (its memory freed) and the pool opens another. Small statements keep their connection.
-    Closed on purpose, it is no fault: no warning of a closed connection is logged (psycopg_pool
-    warned of each, one line per large append in a production log)."""
+    Write transactions that large go to the connections reserved for them
+    (DS_DB__LARGE_WRITE_CONNECTIONS), which keep their buffers, so the next large write does
+    not start on a new backend; with none reserved, they use the pool and replace their
+    connection. Closed on purpose, a connection is no fault: no warning of a closed connection
+    is logged (psycopg_pool warned of each, one line per large append in a production log)."""
     caplog.set_level(logging.INFO, logger="psycopg.pool")
     settings.DS_DB_POOL_MAX_SIZE = 1  # one connection: every statement uses it
+    settings.DS_DB_LARGE_WRITE_CONNECTIONS = reserved
     large = b"L" * (pool.BUFFER_KEEP_BYTES + 1)
 
-    async def backend() -> int:
-        async with pool.connection() as conn:
+    async def backend(*, large: bool = False) -> int:
+        async with pool.connection(large=large) as conn:
             return conn.info.backend_pid
 
     async def scenario() -> list[int]:
@@ -492,14 +497,22 @@ def test_a_connection_that_carried_a_large_statement_is_replaced(
         after_small = await backend()
         await batch(path, append(path, large))  # sent
         after_write = await backend()
+        large_before = await backend(large=True)
+        await batch(path, append(path, large))
+        large_after = await backend(large=True)
         meta = await reads.stream_meta(path, touch=False)
         await reads.read_range(meta, Offset(1, 5), MAX, 10)  # received
         after_read = await backend()
-        return [first, after_small, after_write, after_read]
+        return [first, after_small, after_write, large_before, large_after, after_read]
 
-    first, after_small, after_write, after_read = run(scenario)
+    first, after_small, after_write, large_before, large_after, after_read = run(scenario)
     assert first == after_small
-    assert after_write != after_small
+    if reserved:
+        assert after_write == after_small  # the pool's connection did not carry it
+        assert large_after == large_before  # the reserved one kept its buffers
+    else:
+        assert after_write != after_small
+        assert large_after != large_before  # the pool's one connection, replaced
     assert after_read != after_write
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
