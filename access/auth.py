@@ -138,9 +138,7 @@ def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) ->
             record = _cached(key_id)
             if record is _MISSING:
                 generation = _generation
-                record = _fetch_sync(key_id)
-                if generation == _generation:
-                    _remember(key_id, record)
+                record = _remember(key_id, _fetch_sync(key_id), generation)
         principal = tokens.verify(credential.token) if credential.token is not None else None
         return _conclude(credential, record, principal)
     except Unauthorized:
@@ -229,12 +227,15 @@ async def _lookup(prefix: str) -> KeyRecord | None:
 
 async def _fetch_and_remember(prefix: str) -> KeyRecord | None:
     generation = _generation
-    record = await _fetch(prefix)
-    return _remember(prefix, record) if generation == _generation else record
+    return _remember(prefix, await _fetch(prefix), generation)
 
 
-def _remember(prefix: str, record: KeyRecord | None) -> KeyRecord | None:
+def _remember(prefix: str, record: KeyRecord | None, generation: int) -> KeyRecord | None:
+    """Keep ``record``, read when the cache was at ``generation``, unless keys changed
+    since (forget): then it is used once but not kept."""
     with _lock:
+        if generation != _generation:
+            return record
         if len(_records) >= MAX_CACHED:
             _records.clear()
         _records[prefix] = (record, time.monotonic())

@@ -157,7 +157,7 @@ async def get_pool(*, large: bool = False) -> AsyncConnectionPool:
     over BUFFER_KEEP_BYTES (the main pool when there are none: DS_DB__LARGE_WRITE_CONNECTIONS
     is 0)."""
     global _pool, _large_pool, _pool_lock
-    large = large and settings.DS_DB_LARGE_WRITE_CONNECTIONS > 0
+    large = _reserved(large)
     opened = _large_pool if large else _pool
     if opened is not None:
         return opened
@@ -175,6 +175,11 @@ async def get_pool(*, large: bool = False) -> AsyncConnectionPool:
     pool = _large_pool if large else _pool
     assert pool is not None
     return pool
+
+
+def _reserved(large: bool) -> bool:
+    """Does a large write transaction get a reserved connection (are there any)?"""
+    return large and settings.DS_DB_LARGE_WRITE_CONNECTIONS > 0
 
 
 async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
@@ -322,8 +327,7 @@ def carried(conn: AsyncConnection, nbytes: int, *, large: bool = False) -> None:
     """A statement on the borrowed ``conn`` sent or received about ``nbytes``: past
     BUFFER_KEEP_BYTES (LARGE_BUFFER_KEEP_BYTES for a connection reserved for large writes) the
     connection is closed when given back, which frees its buffers."""
-    reserved = large and settings.DS_DB_LARGE_WRITE_CONNECTIONS > 0
-    if nbytes > (LARGE_BUFFER_KEEP_BYTES if reserved else BUFFER_KEEP_BYTES):
+    if nbytes > (LARGE_BUFFER_KEEP_BYTES if _reserved(large) else BUFFER_KEEP_BYTES):
         _oversized.add(id(conn))
 
 
