@@ -37,6 +37,10 @@ class Stream(models.Model):
     # Until when some server process has a live reader of the stream: appends notify
     # (NOTIFY) only while it is in the future (streams.live: Watched streams).
     watched_until = models.DateTimeField(null=True, blank=True)
+    # The version of the extra validation an append's data must have passed (NULL: none), set
+    # by the app that validates (state/: a state stream's registration); an append validated
+    # against another version is refused as `validation_stale` and validated again.
+    validation_version = models.BigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     # Tail: messages and bytes written so far (fork: including the inherited prefix).
     next_seq = models.BigIntegerField(default=0)

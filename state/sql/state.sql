@@ -316,14 +316,34 @@ LANGUAGE sql STABLE AS $$
      LIMIT p_limit
 $$;
 
--- plpgsql, not sql: called once per append from plpgsql, an SQL function is planned on every
--- call (measured: 44 us of a 180 us append); plpgsql caches the plan.
-CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
+-- A registered stream's appends must have passed validation under its registration's version
+-- (state/validation.py): ds_stream.validation_version, which the write path reads with the row
+-- it locks, follows the registration whoever writes it (the ORM, SQL). Registering and
+-- unregistering lock the stream row first (state/services.py), so this takes no new lock.
+CREATE OR REPLACE FUNCTION ds_state_version_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN (SELECT version FROM ds_state_stream WHERE stream_id = p_stream_id);
+    IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND OLD.stream_id <> NEW.stream_id) THEN
+        UPDATE ds_stream SET validation_version = NULL
+         WHERE id = OLD.stream_id AND validation_version IS NOT NULL;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        UPDATE ds_stream SET validation_version = NEW.version
+         WHERE id = NEW.stream_id AND validation_version IS DISTINCT FROM NEW.version;
+    END IF;
+    RETURN NULL;
 END;
 $$;
+
+DROP TRIGGER IF EXISTS ds_state_version_changed ON ds_state_stream;
+CREATE TRIGGER ds_state_version_changed
+    AFTER INSERT OR DELETE OR UPDATE OF version, stream_id ON ds_state_stream
+    FOR EACH ROW EXECUTE FUNCTION ds_state_version_changed();
+
+-- Registrations made before the column existed (this file runs after every migrate).
+UPDATE ds_stream AS s SET validation_version = r.version
+  FROM ds_state_stream AS r
+ WHERE r.stream_id = s.id AND s.validation_version IS DISTINCT FROM r.version;
 
 -- Retention (streams/store/sql/retention.sql). A registered state stream keeps its whole
 -- history unless it asks otherwise: the server-wide default retention would silently drop

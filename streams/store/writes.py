@@ -49,10 +49,11 @@ _APPEND_SQL = (
 )
 
 
-_APPEND_STREAMS_SQL = (
+APPEND_STREAMS_SQL = (
     "SELECT ordinal, outcome, next_seq, next_pos, closed, producer_epoch, producer_seq,"
-    " expected_seq, stream_id"
-    " FROM ds_append_streams(%s::text[], %s::jsonb, %s::int[], %s::int[], %s::int[], %b, %s)"
+    " expected_seq, stream_id FROM ds_append_streams(%s::text[], %s::jsonb, %s::int[],"
+    " %s::bigint[], %s::int[], %s::int[], %s::text[], %s::bigint[], %s::int[], %s::int[],"
+    " %s::int[], %s::int[], %s::bigint[], %s::boolean[], %b, %s)"
 )
 
 
@@ -193,29 +194,8 @@ async def append_batches(
     ``append_batch`` judges it, the streams locked in path order (the order every process
     locks streams in). If any stream's batch fails, nothing is stored and the error is raised
     (the caller judges each batch alone then)."""
-    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
-    descriptors = []
-    messages: list[str] = []
-    lengths: list[str] = []
-    owners: list[str] = []
-    data: list[bytes] = []
-    for i in order:
-        stream_descriptors, stream_lengths, stream_owners, stream_data = _flatten(batches[i][1])
-        descriptors.append(stream_descriptors)
-        messages.append(str(len(stream_lengths)))
-        lengths.extend(stream_lengths)
-        owners.extend(stream_owners)
-        data.extend(stream_data)
-    params = (
-        [batches[i][0] for i in order],
-        json.dumps(descriptors),
-        "{" + ",".join(messages) + "}",
-        "{" + ",".join(lengths) + "}",
-        "{" + ",".join(owners) + "}",
-        b"".join(data),
-        max_stream_bytes,
-    )
-    rows = await _execute(_APPEND_STREAMS_SQL, params)
+    order, params = append_streams_params(batches, max_stream_bytes)
+    rows = await _execute(APPEND_STREAMS_SQL, params)
     by_stream: list[list[tuple[Any, ...]]] = [[] for _ in batches]
     for row in rows:
         by_stream[order[row[0] - 1]].append(row[1:])
@@ -223,6 +203,109 @@ async def append_batches(
         _append_results(requests, stream_rows)
         for (_, requests), stream_rows in zip(batches, by_stream, strict=True)
     ]
+
+
+def append_streams_params(
+    batches: list[tuple[str, list[AppendRequest]]], max_stream_bytes: int
+) -> tuple[list[int], tuple[Any, ...]]:
+    """The order in which ``append_batches`` locks the streams of ``batches`` (indices, in
+    path order), and the parameters of its statement (``APPEND_STREAMS_SQL``)."""
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    batch = _StreamsBatch()
+    for ordinal, i in enumerate(order, start=1):
+        batch.add(ordinal, batches[i][1])
+    params = (
+        [batches[i][0] for i in order],
+        json.dumps(batch.descriptors),
+        *(_int_array(values) for values in (batch.messages, batch.sizes, batch.first_message,
+                                            batch.first_byte)),
+        _text_array(batch.media),
+        _int_array(batch.versions),
+        *(_int_array(values) for values in (batch.lengths, batch.owners, batch.streams,
+                                            batch.seqs, batch.poss)),
+        "{" + ",".join("t" if end else "f" for end in batch.ends) + "}",
+        b"".join(batch.data),
+        max_stream_bytes,
+    )  # fmt: skip
+    return order, params
+
+
+def _int_array(values: list[int] | list[int | None]) -> str:
+    """An array of integers as PostgreSQL's text form: cheaper to send than a list (psycopg
+    would look at every element's type)."""
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+
+
+def _text_array(values: list[str | None]) -> str:
+    """An array of text as PostgreSQL's text form, every element quoted."""
+    quoted = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(quoted) + "}"
+
+
+class _StreamsBatch:
+    """The parameters of ds_append_streams, built stream by stream (in lock order): per
+    stream, where its messages and bytes are and, when its requests are all plain appends, their
+    media type and validation version; per message, its place in its stream and request."""
+
+    def __init__(self) -> None:
+        self.descriptors: list[list[list[Any]]] = []
+        self.messages: list[int] = []
+        self.sizes: list[int] = []
+        self.first_message: list[int] = []
+        self.first_byte: list[int] = []
+        self.media: list[str | None] = []
+        self.versions: list[int | None] = []
+        self.lengths: list[int] = []
+        self.owners: list[int] = []
+        self.streams: list[int] = []
+        self.seqs: list[int] = []
+        self.poss: list[int] = []
+        self.ends: list[bool] = []
+        self.data: list[bytes] = []
+        self._bytes = 0
+
+    def add(self, ordinal: int, requests: list[AppendRequest]) -> None:
+        self.descriptors.append([_descriptor(request) for request in requests])
+        self.first_message.append(len(self.lengths) + 1)
+        self.first_byte.append(self._bytes + 1)
+        plain = _plain(requests)
+        self.media.append(requests[0].media_type if plain else None)
+        self.versions.append(requests[0].validation_version if plain else None)
+        count = 0
+        size = 0
+        for owner, request in enumerate(requests, start=1):
+            last = len(request.messages) - 1
+            for index, message in enumerate(request.messages):
+                self.lengths.append(len(message))
+                self.owners.append(owner)
+                self.streams.append(ordinal)
+                self.seqs.append(count)
+                self.poss.append(size)
+                self.ends.append(index == last)
+                self.data.append(message)
+                count += 1
+                size += len(message)
+        self.messages.append(count)
+        self.sizes.append(size)
+        self._bytes += size
+
+
+def _plain(requests: list[AppendRequest]) -> bool:
+    """Are these requests all plain appends (data of one media type and validation version,
+    no producer, close or Stream-Seq), which ds_append_streams may write together?"""
+    first = requests[0]
+    return all(
+        request.messages
+        and request.producer is None
+        and not request.close
+        and request.stream_seq is None
+        and request.media_type == first.media_type
+        and request.validation_version == first.validation_version
+        for request in requests
+    )
 
 
 async def create_streams(
@@ -270,24 +353,27 @@ def _flatten(
     owners: list[str] = []
     data: list[bytes] = []
     for index, request in enumerate(requests, start=1):
-        producer = request.producer
-        descriptors.append(
-            [
-                request.media_type,
-                request.close,
-                producer.producer_id if producer else None,
-                producer.epoch if producer else None,
-                producer.seq if producer else None,
-                request.stream_seq,
-                len(request.messages),
-                request.size,
-                request.validation_version,
-            ]
-        )
+        descriptors.append(_descriptor(request))
         lengths.extend(str(len(message)) for message in request.messages)
         owners.extend([str(index)] * len(request.messages))
         data.extend(request.messages)
     return descriptors, lengths, owners, data
+
+
+def _descriptor(request: AppendRequest) -> list[Any]:
+    """One request as ds_append's p_requests element."""
+    producer = request.producer
+    return [
+        request.media_type,
+        request.close,
+        producer.producer_id if producer else None,
+        producer.epoch if producer else None,
+        producer.seq if producer else None,
+        request.stream_seq,
+        len(request.messages),
+        request.size,
+        request.validation_version,
+    ]
 
 
 def _append_results(

@@ -203,22 +203,24 @@ $$;
 
 -- Append messages for a publication, through the clients' write path; anything but an
 -- accepted append fails the transaction (a committed change must reach its stream). The stream
--- is locked first, so the state app's validation version read next is the one ds_append sees.
+-- is locked first, so the validation version read with it is the one ds_append sees.
 CREATE OR REPLACE FUNCTION ds_tablesync_append(
     p_table text, p_stream_id bigint, p_lengths int[], p_data bytea, p_max_stream_bytes bigint
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_path text;
+    v_version bigint;
     v_outcome ds_append_outcome;
     v_count int := cardinality(p_lengths);
 BEGIN
-    SELECT s.path INTO v_path FROM ds_stream AS s WHERE s.id = p_stream_id FOR UPDATE;
+    SELECT s.path, s.validation_version INTO v_path, v_version
+      FROM ds_stream AS s WHERE s.id = p_stream_id FOR UPDATE;
     SELECT a.outcome INTO v_outcome
       FROM ds_append(v_path,
                      jsonb_build_array(jsonb_build_array(
                          'application/json', false, NULL, NULL, NULL, NULL, v_count,
-                         octet_length(p_data), ds_hook_validation_version(p_stream_id))),
+                         octet_length(p_data), v_version)),
                      p_lengths, array_fill(1, ARRAY[v_count]), p_data, p_max_stream_bytes) AS a;
     IF v_outcome IS DISTINCT FROM 'appended' THEN
         RAISE EXCEPTION 'table % is published to stream %, which refused its changes (%)',

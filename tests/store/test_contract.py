@@ -423,6 +423,150 @@ def test_mixed_batches_on_several_streams_in_one_transaction(path: str) -> None:
     assert stored == [b"01", b"03", b"05"]
 
 
+def test_a_transaction_of_several_streams_judges_as_each_stream_alone(path: str, pg: Any) -> None:
+    """ds_append_streams writes streams of plain appends together and sends the rest through
+    ds_append: whichever way a stream goes, each request gets what ds_append gives it alone.
+    The same batches run across streams (one transaction) and stream by stream on a twin of
+    every stream; results, tails, stored messages and notifications must be the same."""
+    json_type = "application/json"
+
+    def requests(stream: str) -> list[AppendRequest]:
+        name = stream.rsplit("/", 1)[1].split("-")[0]
+        if name == "json":  # several requests, several messages each
+            batch = [
+                AppendRequest(stream, json_type, [b'{"a":1}', b"[2]", b'"x"']),
+                AppendRequest(stream, json_type, [b"3"]),
+            ]
+        elif name == "mismatch":  # the second request's media type is not the stream's
+            batch = [append(stream, b"ok"), append(stream, b"no", media=json_type)]
+        elif name == "toolarge":  # fits alone, not with the request after it
+            batch = [append(stream, b"x" * 30), append(stream, b"y" * 30)]
+        elif name == "stale":
+            batch = [append(stream, b"v", validation_version=3)]
+        elif name == "producer":
+            batch = [append(stream, b"p", producer=("p", 0, 0)), append(stream, b"q")]
+        else:  # plain, ttl, closed, watched, missing
+            batch = [append(stream, b"a"), append(stream, b"bc")]
+        return batch  # fmt: skip
+
+    names = ["json", "mismatch", "toolarge", "stale", "producer", "plain", "ttl", "closed",
+             "watched", "missing"]  # fmt: skip
+
+    async def prepare(suffix: str) -> list[str]:
+        streams = [f"{path}/{name}-{suffix}" for name in names]
+        for stream in streams:
+            name = stream.rsplit("/", 1)[1].split("-")[0]
+            if name == "missing":
+                continue
+            await create(
+                stream,
+                json_type if name == "json" else TEXT,
+                ttl_seconds=3600 if name == "ttl" else None,
+                closed=name == "closed",
+                messages=[b"0"] if name == "plain" else [],
+            )
+        pg.execute(
+            "UPDATE ds_stream SET watched_until = now() + interval '1 hour' WHERE path = %s",
+            [streams[names.index("watched")]],
+        )
+        return streams
+
+    def stored(stream: str) -> list[tuple[Any, ...]]:
+        return pg.execute(
+            "SELECT m.seq, m.pos, m.data, m.batch_end FROM ds_message AS m"
+            " JOIN ds_stream AS s ON s.id = m.stream_id WHERE s.path = %s ORDER BY m.seq",
+            [stream],
+        ).fetchall()
+
+    def tails(streams: list[str]) -> list[tuple[Any, ...]]:
+        return [
+            pg.execute(
+                "SELECT next_seq, next_pos, closed, ttl_seconds IS NULL OR accessed_at > now()"
+                " - interval '1 minute', (SELECT array_agg((p.producer_id, p.epoch, p.last_seq))"
+                " FROM ds_producer AS p WHERE p.stream_id = s.id)"
+                " FROM ds_stream AS s WHERE path = %s",
+                [stream],
+            ).fetchone()
+            for stream in streams
+        ]
+
+    def shape(result: Any) -> Any:
+        if isinstance(result, AppendResult):
+            return ("ok", result.next_offset, result.closed, result.duplicate,
+                    result.producer_epoch, result.producer_seq)  # fmt: skip
+        return (type(result).__name__, result.status, sorted(result.headers.items()))
+
+    def notifications(listener: psycopg.Connection[Any]) -> list[str]:
+        # The payload without the stream id: "<id>:<next seq>:o:<first seq>:..."
+        return [n.payload.split(":", 1)[1] for n in listener.notifies(timeout=0.5, stop_after=1)]
+
+    with psycopg.connect(pg.info.dsn, autocommit=True) as listener:
+        listener.execute("LISTEN ds_streams")
+
+        async def together() -> list[Any]:
+            streams = await prepare("together")
+            return await writes.append_batches(
+                [(stream, requests(stream)) for stream in streams], max_stream_bytes=50
+            )
+
+        async def alone() -> list[Any]:
+            streams = await prepare("alone")
+            return [await writes.append_batch(stream, requests(stream), max_stream_bytes=50)
+                    for stream in streams]  # fmt: skip
+
+        results_together = run(together)
+        notified_together = notifications(listener)
+        results_alone = run(alone)
+        notified_alone = notifications(listener)
+
+    assert [[shape(r) for r in rs] for rs in results_together] == [
+        [shape(r) for r in rs] for rs in results_alone
+    ]
+    together_streams = [f"{path}/{name}-together" for name in names]
+    alone_streams = [f"{path}/{name}-alone" for name in names]
+    assert tails(together_streams) == tails(alone_streams)
+    assert [stored(s) for s in together_streams] == [stored(s) for s in alone_streams]
+    assert notified_together == notified_alone and len(notified_together) == 1
+    # What the batch did, spelled out: a few of the verdicts the twins agree on.
+    by_name = dict(zip(names, results_together, strict=True))
+    assert [shape(r)[0] for r in by_name["mismatch"]] == ["ok", "Conflict"]
+    assert [shape(r)[0] for r in by_name["toolarge"]] == ["ok", "PayloadTooLarge"]
+    assert [shape(r)[0] for r in by_name["closed"]] == ["StreamClosed", "StreamClosed"]
+    assert [shape(r)[0] for r in by_name["missing"]] == ["NotFound", "NotFound"]
+    assert shape(by_name["json"][1])[1] == Offset(4, 14)
+
+
+def test_plain_appends_to_several_streams_are_written_without_ds_append(path: str, pg: Any) -> None:
+    """The streams of a transaction whose requests are all plain appends are written by one
+    statement, never by ds_append (the per-stream path, three times the cost): with ds_append
+    made to fail inside a transaction, such a batch still succeeds. (The test above shows that
+    both ways answer alike.)"""
+    run(lambda: create(f"{path}-a"))
+    run(lambda: create(f"{path}-b"))
+    with pg.transaction(force_rollback=True):
+        pg.execute(
+            "CREATE OR REPLACE FUNCTION ds_append(p_path text, p_requests jsonb,"
+            " p_lengths int[], p_owners int[], p_data bytea, p_max_stream_bytes bigint)"
+            " RETURNS TABLE (outcome ds_append_outcome, next_seq bigint, next_pos bigint,"
+            " closed boolean, producer_epoch bigint, producer_seq bigint, expected_seq bigint,"
+            " stream_id bigint) LANGUAGE plpgsql AS $$ BEGIN RAISE 'ds_append called'; END $$"
+        )
+        plain = [
+            (f"{path}-a", [append(f"{path}-a", b"a")]),
+            (f"{path}-b", [append(f"{path}-b", b"b"), append(f"{path}-b", b"cd")]),
+        ]
+        _, params = writes.append_streams_params(plain, MAX)
+        rows = pg.execute(writes.APPEND_STREAMS_SQL, params).fetchall()
+        assert [row[:4] for row in rows] == [(1, "appended", 1, 1), (2, "appended", 1, 1),
+                                             (2, "appended", 2, 3)]  # fmt: skip
+        # A producer's append is not plain: it goes through ds_append.
+        producer = [(f"{path}-a", [append(f"{path}-a", b"e", producer=("p", 0, 0))])]
+        _, params = writes.append_streams_params(producer, MAX)
+        failing = pytest.raises(psycopg.errors.RaiseException, match="ds_append called")
+        with failing, pg.transaction():
+            pg.execute(writes.APPEND_STREAMS_SQL, params)
+
+
 def test_a_request_failing_a_transaction_of_several_streams_fails_alone(path: str) -> None:
     """Group commit across streams: when one stream's batch makes the shared transaction fail,
     every other stream's appends are stored, once, and only the request at fault fails."""

@@ -25,9 +25,9 @@ $$;
 -- Extension points. Other apps' SQL files, installed after this one in the same transaction,
 -- replace these no-ops (state/ records the __registry__ stream and materializes state).
 -- ds_hook_created / ds_hook_deleted: a stream appeared / disappeared for clients (created;
--- deleted, soft-deleted or expired). ds_hook_validation_version: the version of the extra
--- validation appends to the stream must have passed (NULL: none); a request validated against
--- another version is refused as `validation_stale` and revalidated by the server.
+-- deleted, soft-deleted or expired). (The version of the extra validation appends to a stream
+-- must have passed is not a hook but a column, ds_stream.validation_version, kept by the app
+-- that validates: read with the row an append locks, it costs the append nothing.)
 CREATE OR REPLACE FUNCTION ds_hook_created(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 -- ds_hook_created_batch: several streams appeared at once (ds_create_streams), in this order.
@@ -35,8 +35,6 @@ CREATE OR REPLACE FUNCTION ds_hook_created_batch(p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
-CREATE OR REPLACE FUNCTION ds_hook_validation_version(p_stream_id bigint) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$ BEGIN RETURN NULL; END; $$;
 
 -- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1)
 CREATE OR REPLACE FUNCTION ds_is_expired(s ds_stream) RETURNS boolean
@@ -754,7 +752,7 @@ BEGIN
     v_closed_epoch := s.closed_by_epoch;
     v_closed_seq := s.closed_by_seq;
     v_stream_seq := s.last_stream_seq;
-    v_validation := ds_hook_validation_version(s.id);
+    v_validation := s.validation_version;
     v_stream_media := ds_media_type(s.content_type);
     stream_id := s.id;
 
@@ -859,19 +857,39 @@ END;
 $$;
 
 -- Group commit across streams: the batches of several streams in ONE statement (and so one
--- transaction, one commit), each stream's batch judged by ds_append exactly as it would be
--- alone. Streams are locked in the order given (the caller sorts them by path, the order every
--- process locks streams in). The parameters are ds_append's, one level up:
---   p_paths: the streams; p_requests: per stream, its ds_append requests;
---   p_messages: per stream, how many messages it has (its slice of p_lengths / p_owners,
---   whose owners count from 1 within each stream); p_data: every stream's bytes, in order.
--- Rows: the stream's ordinal (1-based in p_paths), then ds_append's row, in order.
+-- transaction, one commit), each stream's batch judged exactly as ds_append would judge it
+-- alone. Every stream is locked first, in the order given (the caller sorts them by path, the
+-- order every process locks streams in). The streams whose requests are all plain appends
+-- (data of one media type and validation version, no producer, no close, no Stream-Seq) that
+-- ds_append would accept as they are (the stream open, unexpired, of that media type and
+-- version, with room for them) are written together, by one statement for all of them:
+-- ds_append costs three times as much per stream, each of its statements starting an executor
+-- of its own (docs/benchmarks.md). Every other stream goes through ds_append. Parameters:
+--   p_paths: the streams; p_requests: per stream, its ds_append requests (for ds_append);
+--   per stream (1-based in p_paths): p_messages / p_bytes, how many messages and bytes it
+--   has; p_first_message / p_first_byte, where they start in p_lengths / p_owners and p_data;
+--   p_media / p_versions, the media type and validation version of all of its requests when
+--   they are plain appends (NULL media type: they are not);
+--   per message: p_lengths, p_owners (its request within its stream, from 1), p_streams (its
+--   stream), p_seqs / p_poss (messages and bytes of its stream before it), p_ends (it ends its
+--   request); p_data: every message's bytes, in order.
+-- Rows: the stream's ordinal, then ds_append's row; each stream's rows in request order.
+-- Plans are generic: planned anew for each call's arrays, the write alone cost 0.4 ms.
 CREATE OR REPLACE FUNCTION ds_append_streams(
     p_paths text[],
     p_requests jsonb,
     p_messages int[],
+    p_bytes bigint[],
+    p_first_message int[],
+    p_first_byte int[],
+    p_media text[],
+    p_versions bigint[],
     p_lengths int[],
     p_owners int[],
+    p_streams int[],
+    p_seqs int[],
+    p_poss bigint[],
+    p_ends boolean[],
     p_data bytea,
     p_max_stream_bytes bigint
 )
@@ -879,23 +897,85 @@ RETURNS TABLE (
     ordinal int, outcome ds_append_outcome, next_seq bigint, next_pos bigint, closed boolean,
     producer_epoch bigint, producer_seq bigint, expected_seq bigint, stream_id bigint
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    c record;
     k int;
-    v_first int := 1;
-    v_last int;
-    v_byte int := 1;
-    v_bytes int;
+    -- The streams written together: ordinals, ids and tails before the batch.
+    v_plain int[] := '{}';
+    v_ids bigint[] := '{}';
+    v_seqs bigint[] := '{}';
+    v_poss bigint[] := '{}';
 BEGIN
+    -- 1. Every stream locked until the transaction ends, in path order; which ones take only
+    -- plain appends that ds_append would accept (ds_append_verdict, for a request without
+    -- producer, close or Stream-Seq), and their tails.
+    FOR c IN
+        SELECT p.k::int AS k, t AS s, t.deleted_at IS NULL AND NOT t.closed
+                   AND (t.ttl_seconds IS NULL AND t.expires_at IS NULL OR NOT ds_is_expired(t))
+                   AND p.media = ds_media_type(t.content_type)
+                   AND p.version IS NOT DISTINCT FROM t.validation_version
+                   AND t.next_pos - t.first_pos - t.compacted_bytes + p_bytes[p.k]
+                       <= p_max_stream_bytes AS plain
+          FROM ds_stream AS t
+          JOIN unnest(p_paths, p_media, p_versions) WITH ORDINALITY AS p(path, media, version, k)
+            ON p.path = t.path
+         ORDER BY t.path
+           FOR UPDATE OF t
+    LOOP
+        CONTINUE WHEN c.plain IS NOT TRUE;  -- NULL: no plain media type given
+        v_plain := v_plain || c.k;
+        v_ids := v_ids || (c.s).id;
+        v_seqs := v_seqs || (c.s).next_seq;
+        v_poss := v_poss || (c.s).next_pos;
+        -- Readers in other processes hear of it (as in ds_append).
+        IF (c.s).watched_until > now() THEN
+            PERFORM pg_notify('ds_streams', ds_notify_payload(
+                c.s, (c.s).next_seq + p_messages[c.k], false,
+                p_lengths[p_first_message[c.k] : p_first_message[c.k] + p_messages[c.k] - 1],
+                substring(p_data FROM p_first_byte[c.k] FOR p_bytes[c.k]::int), true));
+        END IF;
+    END LOOP;
+
+    -- 2. The plain streams' messages stored after their tails, the streams advanced, each
+    -- request answered with the tail after it (its last message's end).
+    IF cardinality(v_plain) > 0 THEN
+        RETURN QUERY
+        WITH plain AS (
+            SELECT * FROM unnest(v_plain, v_ids, v_seqs, v_poss) AS a(k, id, next_seq, next_pos)
+        ), message AS (
+            SELECT m.*, a.id, a.next_seq + m.seq AS at_seq, a.next_pos + m.pos AS at_pos
+              FROM unnest(p_streams, p_seqs, p_poss, p_lengths, p_ends)
+                   WITH ORDINALITY AS m(k, seq, pos, len, last, ord)
+              JOIN plain AS a ON a.k = m.k
+        ), stored AS (
+            INSERT INTO ds_message (stream_id, seq, pos, data, batch_end)
+            SELECT m.id, m.at_seq, m.at_pos,
+                   substring(p_data FROM p_first_byte[m.k] + m.pos::int FOR m.len), m.last
+              FROM message AS m
+        ), advanced AS (
+            UPDATE ds_stream AS t
+               SET next_seq = a.next_seq + p_messages[a.k], next_pos = a.next_pos + p_bytes[a.k],
+                   -- As in ds_append: only a sliding TTL counts from the last access.
+                   accessed_at = CASE WHEN t.ttl_seconds IS NOT NULL THEN now()
+                                      ELSE t.accessed_at END
+              FROM plain AS a
+             WHERE t.id = a.id
+        )
+        SELECT m.k, 'appended'::ds_append_outcome, m.at_seq + 1, m.at_pos + m.len, false,
+               NULL::bigint, NULL::bigint, NULL::bigint, m.id
+          FROM message AS m WHERE m.last ORDER BY m.ord;
+    END IF;
+
+    -- 3. Every other stream, judged and written by ds_append.
     FOR k IN 1..cardinality(p_paths) LOOP
-        v_last := v_first + p_messages[k] - 1;
-        SELECT coalesce(sum(len), 0) INTO v_bytes FROM unnest(p_lengths[v_first:v_last]) AS len;
+        CONTINUE WHEN k = ANY (v_plain);
         RETURN QUERY SELECT k, a.* FROM ds_append(
-            p_paths[k], p_requests -> (k - 1), p_lengths[v_first:v_last],
-            p_owners[v_first:v_last], substring(p_data FROM v_byte FOR v_bytes),
+            p_paths[k], p_requests -> (k - 1),
+            p_lengths[p_first_message[k] : p_first_message[k] + p_messages[k] - 1],
+            p_owners[p_first_message[k] : p_first_message[k] + p_messages[k] - 1],
+            substring(p_data FROM p_first_byte[k] FOR p_bytes[k]::int),
             p_max_stream_bytes) AS a;
-        v_first := v_last + 1;
-        v_byte := v_byte + v_bytes;
     END LOOP;
 END;
 $$;
