@@ -350,6 +350,35 @@ class NodeServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+class NullServer:
+    """With --ceiling: bench/js/null-server.mjs, which answers what the latency workloads ask
+    from memory and does nothing else. What a workload measures on it is as good as the client
+    and the machine allow any server to do: a goal beyond it cannot be met by any server."""
+
+    def __init__(self, port: int, logs: Path) -> None:
+        self.port = port
+        self.log_path = logs / "ceiling.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Target:
+        node = shutil.which("node")
+        if node is None:
+            raise RuntimeError("node is not on PATH (make bench-compare installs it)")
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [node, "null-server.mjs", "--port", str(self.port)],
+            cwd=JS_DIR, stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{self.port}"
+        wait_http_ready(f"{base}/v1/stream/__ready_probe__", self.process, self.log_path, {404})
+        return Target("ceiling", base, self.process.pid)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self._log.close()
+
+
 # --------------------------------------------------------------------------------------------
 # Records every write carries, so reads can be checked: "<tag>#<seq>|" padded with "." to a
 # fixed size (binary and text streams), or {"w": tag, "seq": n, ...} (JSON streams).
@@ -1094,6 +1123,10 @@ ROWS = [
     Row("up_large", "TS client (c): 50 x 1 MiB, 15 in flight", "msg/s", True, 1.5, 1),
 ]
 
+# What --ceiling runs on bench/js/null-server.mjs: the workloads bound by one request's
+# latency, whose goals could lie beyond what the client and the machine allow at all.
+CEILING_WORKLOADS = ("rtt", "long-poll", "upstream")
+
 WORKLOADS: dict[str, type[Workload]] = {
     "own-streams": OwnStreams,
     "idempotent": Idempotent,
@@ -1125,7 +1158,10 @@ def render(
     """The table; with ``tolerance`` (--versus) the other server is ours too, and each goal is
     to be within that fraction of it."""
     other = "node" if tolerance is None else "versus"
+    ceiling = any(results.get("ceiling", {}).values())
     table = [["workload", "ours", other, f"ours/{other}", "better", "goal", "met"]]
+    if ceiling:
+        table[0].append(f"ceiling/{other}")
     for row in rows:
         ours = [v for v in results["ours"].get(row.key, []) if v is not None]
         node = [v for v in results["node"].get(row.key, []) if v is not None]
@@ -1159,8 +1195,10 @@ def render(
                 met,
             ]
         )
+        if ceiling:
+            table[-1].append(_ceiling_ratio(results, row, n))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    right = {1, 2, 3}
+    right = {1, 2, 3, 7}
 
     def line(cells: list[str]) -> str:
         return (
@@ -1176,6 +1214,17 @@ def render(
     return "\n".join([line(table[0]), separator, *(line(r) for r in table[1:])])
 
 
+def _ceiling_ratio(results: dict[str, dict[str, list[float]]], row: Row, n: float | None) -> str:
+    """The best ours/node any server could reach on this row (--ceiling), and "beyond" when
+    the goal asks for more than that."""
+    values = [v for v in results["ceiling"].get(row.key, []) if v is not None]
+    if not values or not n or not math.isfinite(n):
+        return ""
+    best = statistics.median(values) / n
+    beyond = row.goal is not None and (best < row.goal if row.higher_is_better else best > row.goal)
+    return f"{best:.2f}x" + (" beyond" if beyond else "")
+
+
 def render_cpu(cpu: dict[str, dict[str, list[Timed]]]) -> str:
     out = [
         "CPU seconds in the timed parts, summed over runs (client: this process and its",
@@ -1187,7 +1236,7 @@ def render_cpu(cpu: dict[str, dict[str, list[Timed]]]) -> str:
             client = sum(p.client for p in parts)
             server = [p.server for p in parts if p.server is not None]
             db = [p.db for p in parts if p.db is not None]
-            text = f"  {workload:15s} {name:5s} wall {wall:6.1f} s  client {client:6.1f} s"
+            text = f"  {workload:15s} {name:7s} wall {wall:6.1f} s  client {client:6.1f} s"
             text += f" ({100 * client / wall:3.0f}% of a core)" if wall else ""
             text += f"  server {sum(server):6.1f} s" if server else "  server    n/a"
             text += f"  postgres {sum(db):5.1f} s" if db else ""
@@ -1200,7 +1249,9 @@ def render_cpu(cpu: dict[str, dict[str, list[Timed]]]) -> str:
 
 async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[str, Any]:
     chosen = [w for w in WORKLOADS if w in args.only]
-    results: dict[str, dict[str, list[float]]] = {n: defaultdict(list) for n in ("ours", "node")}
+    results: dict[str, dict[str, list[float]]] = {
+        n: defaultdict(list) for n in ("ours", "node", "ceiling")
+    }
     cpu: dict[str, dict[str, list[Timed]]] = defaultdict(lambda: defaultdict(list))
     prefix = f"cmp-{uuid.uuid4().hex[:8]}"
     load_start = machine_load()
@@ -1212,6 +1263,8 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[
         for run in range(args.runs):
             for index, workload in enumerate(chosen):
                 order = ["ours", "node"] if (run + index) % 2 == 0 else ["node", "ours"]
+                if "ceiling" in targets and workload in CEILING_WORKLOADS:
+                    order.append("ceiling")
                 kind = WORKLOADS[workload]
                 started = time.perf_counter()
                 contexts = {
@@ -1256,6 +1309,8 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target]) -> dict[
         f"runs: {args.runs}{'   QUICK' if args.quick else ''}   (medians over runs)"
         f"\nmachine: {load_start} at start, {machine_load()} at end"
     )
+    if "ceiling" in targets:
+        print(f"ceiling (bench/js/null-server.mjs): {targets['ceiling'].base_url}")
     print(render(results, rows, args.tolerance if args.versus else None))
     print()
     print(render_cpu(cpu))
@@ -1309,6 +1364,13 @@ def main() -> int:
         help="this server's access mode: keys makes every client send an API key",
     )
     parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also run the latency workloads (" + ", ".join(CEILING_WORKLOADS) + ") on "
+        "bench/js/null-server.mjs, which stores nothing: the best any server could do with this "
+        "client on this machine, as a ratio to node",
+    )
+    parser.add_argument(
         "--logs",
         help="keep the servers' logs here (default: a temporary directory, removed "
         "after a successful run)",
@@ -1323,7 +1385,7 @@ def main() -> int:
 
     logs = Path(args.logs or tempfile.mkdtemp(prefix="ds-bench-compare-"))
     logs.mkdir(parents=True, exist_ok=True)
-    servers: list[OursServer | NodeServer] = []
+    servers: list[OursServer | NodeServer | NullServer] = []
     targets: dict[str, Target] = {}
     taken: set[int] = set()
     succeeded = False
@@ -1348,6 +1410,10 @@ def main() -> int:
             node = NodeServer(free_port(taken), logs, args.node_max_file_handles)
             servers.append(node)
             targets["node"] = node.start()
+        if args.ceiling:
+            null = NullServer(free_port(taken), logs)
+            servers.append(null)
+            targets["ceiling"] = null.start()
         print(f"server logs: {logs}", file=sys.stderr)
         coroutine = run_all(args, targets)
         try:
