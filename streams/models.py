@@ -41,6 +41,10 @@ class Stream(models.Model):
     # by the app that validates (state/: a state stream's registration); an append validated
     # against another version is refused as `validation_stale` and validated again.
     validation_version = models.BigIntegerField(null=True, blank=True)
+    # Whether a subscription may follow the stream (subscriptions/sql): an append to a followed
+    # stream looks up its subscriptions, and when it finds none sets this false, so the
+    # appends after it skip the lookup; adding a subscription's link sets it again.
+    followed = models.BooleanField(default=True, db_default=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     # Tail: messages and bytes written so far (fork: including the inherited prefix).
     next_seq = models.BigIntegerField(default=0)

@@ -14,7 +14,7 @@
 -- * an append to a linked stream sends a NOTIFY "sub:<subscription ids>" on the live-delivery
 --   channel, after commit; any process hearing it issues the wake (subscriptions/delivery.py);
 -- * a deleted stream loses its glob links; its explicit links go back to offset zero.
--- An append to a stream no subscription follows costs one probe of an index.
+-- An append to a stream no subscription follows costs nothing once it is known to be one.
 --
 -- Lock order: a subscription row, then a wake stream's row (its wake event), then link rows.
 -- Wakes of several subscriptions lock them in id order. Deadlocks left possible by concurrent
@@ -100,6 +100,12 @@ END;
 $$;
 
 -- BEFORE, not AFTER: no after-trigger event to queue, on the append path.
+-- Runs only for a stream marked followed (ds_stream.followed, true when it is created): one
+-- that no subscription follows is marked not followed by its next append, and its appends
+-- after that call nothing (the lookup and the call were 30 us of an append). A link added
+-- marks its stream followed again (ds_sub_links_added), taking the stream's row lock first: so
+-- an append that found no link either committed before that lock (and the mark comes after
+-- it) or waits for it (and finds the link).
 CREATE OR REPLACE FUNCTION ds_sub_stream_advanced() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -111,8 +117,26 @@ BEGIN
     IF v_count > 0 THEN
         -- NOTIFY payloads are bounded (8000 bytes): past 200 subscriptions, "check them all".
         PERFORM pg_notify('ds_streams', 'sub:' || CASE WHEN v_count > 200 THEN '*' ELSE v_sids END);
+    ELSE
+        NEW.followed := false;
     END IF;
     RETURN NEW;
+END;
+$$;
+
+-- Links added (whichever way: creation, backfill, a stream created under a pattern, the admin)
+-- mark their streams followed. Every one of those stream rows is locked, in path order (the
+-- order writers lock streams in), even one already marked: an append holding it may be about
+-- to mark it not followed (ds_sub_stream_advanced).
+CREATE OR REPLACE FUNCTION ds_sub_links_added() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ds_stream AS t SET followed = true
+      FROM (SELECT s.id, s.followed FROM ds_stream AS s
+             WHERE s.path IN (SELECT a.path FROM added AS a)
+             ORDER BY s.path FOR UPDATE) AS w
+     WHERE t.id = w.id AND NOT w.followed;
+    RETURN NULL;
 END;
 $$;
 
@@ -131,7 +155,11 @@ CREATE TRIGGER ds_sub_stream_created AFTER INSERT ON ds_stream
     FOR EACH ROW EXECUTE FUNCTION ds_sub_stream_created();
 DROP TRIGGER IF EXISTS ds_sub_stream_advanced ON ds_stream;
 CREATE TRIGGER ds_sub_stream_advanced BEFORE UPDATE OF next_seq ON ds_stream
-    FOR EACH ROW WHEN (NEW.next_seq > OLD.next_seq) EXECUTE FUNCTION ds_sub_stream_advanced();
+    FOR EACH ROW WHEN (NEW.next_seq > OLD.next_seq AND OLD.followed)
+    EXECUTE FUNCTION ds_sub_stream_advanced();
+DROP TRIGGER IF EXISTS ds_sub_links_added ON ds_subscription_link;
+CREATE TRIGGER ds_sub_links_added AFTER INSERT ON ds_subscription_link
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION ds_sub_links_added();
 DROP TRIGGER IF EXISTS ds_sub_stream_deleted ON ds_stream;
 CREATE TRIGGER ds_sub_stream_deleted AFTER DELETE ON ds_stream
     FOR EACH ROW EXECUTE FUNCTION ds_sub_stream_removed();

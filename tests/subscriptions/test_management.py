@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from subscriptions.protocol import glob_matches
@@ -125,6 +126,56 @@ def test_globs_backfill_at_the_tail_and_link_new_streams_from_their_start(
         "has_pending": True,
     }
     assert wake.stream(f"{prefix}/a/x")["has_pending"] is False
+
+
+def test_appends_look_for_subscriptions_only_while_one_may_follow_the_stream(
+    client: httpx.Client, receiver: Receiver, prefix: str, pg: Any
+) -> None:
+    """An append to a stream no subscription follows marks it not followed (ds_stream.followed)
+    and the appends after it skip the lookup of subscriptions; a link added, explicit or by a
+    pattern's backfill, marks it followed again, and its next append notifies the
+    subscription."""
+    text = {"Content-Type": "text/plain"}
+
+    def followed(path: str) -> bool:
+        row = pg.execute("SELECT followed FROM ds_stream WHERE path = %s", [path]).fetchone()
+        return bool(row[0])
+
+    def notified(listener: psycopg.Connection[Any], sub: str) -> bool:
+        (sid,) = pg.execute(
+            "SELECT id FROM ds_subscription WHERE subscription_id = %s", [sub]
+        ).fetchone()
+        return any(
+            n.payload.startswith("sub:") and str(sid) in n.payload[4:].split(",")
+            for n in listener.notifies(timeout=1, stop_after=5)
+        )
+
+    quiet = f"{prefix}/quiet"
+    assert client.put(f"/v1/stream/{quiet}", headers=text).status_code == 201
+    assert followed(quiet)  # until an append finds out
+    for _ in range(2):
+        assert client.post(f"/v1/stream/{quiet}", content=b"a", headers=text).status_code == 204
+        assert not followed(quiet)
+
+    explicit = f"{prefix}-followed"
+    assert (
+        put_subscription(client, explicit, **webhook(receiver, streams=[quiet])).status_code == 201
+    )
+    assert followed(quiet)
+    with psycopg.connect(pg.info.dsn, autocommit=True) as listener:
+        listener.execute("LISTEN ds_streams")
+        assert client.post(f"/v1/stream/{quiet}", content=b"b", headers=text).status_code == 204
+        assert notified(listener, explicit)
+    assert followed(quiet)
+
+    globbed = f"{prefix}/globbed/x"
+    client.put(f"/v1/stream/{globbed}", content=b"a", headers=text)
+    assert client.post(f"/v1/stream/{globbed}", content=b"b", headers=text).status_code == 204
+    assert not followed(globbed)
+    pattern = f"{prefix}-pattern"
+    created = put_subscription(client, pattern, **webhook(receiver, pattern=f"{prefix}/globbed/*"))
+    assert created.status_code == 201
+    assert followed(globbed)
 
 
 # Stream paths under the test's prefix (the prefix itself is ""), each created as a stream.
