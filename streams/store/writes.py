@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from psycopg import errors
+from psycopg import AsyncConnection, errors
 
 from streams.errors import OffsetGone, ProtocolError
 from streams.protocol.offsets import Offset
+from streams.store import prepared
 from streams.store.outcomes import (
     APPEND_SUCCESSES,
     CREATE_ERRORS,
@@ -43,17 +45,33 @@ _CREATE_STREAMS_SQL = (
 )
 # Scalar parameters only: psycopg's per-element type detection for list parameters cost more
 # than the whole SQL function (docs/decisions.md).
-_APPEND_SQL = (
+_APPEND_COLUMNS = (
+    prepared.text,  # outcome
+    prepared.integer,  # next_seq
+    prepared.integer,  # next_pos
+    prepared.boolean,  # closed
+    prepared.integer,  # producer_epoch
+    prepared.integer,  # producer_seq
+    prepared.integer,  # expected_seq
+    prepared.integer,  # stream_id
+)
+_APPEND = prepared.Statement(
+    "ds_append",
     "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
-    " stream_id FROM ds_append(%s, %s::jsonb, %s::int[], %s::int[], %b, %s)"
+    " stream_id FROM ds_append($1, $2::jsonb, $3::int[], $4::int[], $5, $6)",
+    binary=[5],
+    columns=_APPEND_COLUMNS,
 )
 
 
-APPEND_STREAMS_SQL = (
+APPEND_STREAMS = prepared.Statement(
+    "ds_append_streams",
     "SELECT ordinal, outcome, next_seq, next_pos, closed, producer_epoch, producer_seq,"
-    " expected_seq, stream_id FROM ds_append_streams(%s::text[], %s::jsonb, %s::int[],"
-    " %s::bigint[], %s::int[], %s::int[], %s::text[], %s::bigint[], %s::int[], %s::int[],"
-    " %s::int[], %s::int[], %s::bigint[], %s::boolean[], %b, %s)"
+    " expected_seq, stream_id FROM ds_append_streams($1::text[], $2::jsonb, $3::int[],"
+    " $4::bigint[], $5::int[], $6::int[], $7::text[], $8::bigint[], $9::int[], $10::int[],"
+    " $11::int[], $12::int[], $13::bigint[], $14::boolean[], $15, $16)",
+    binary=[15],
+    columns=(prepared.integer, *_APPEND_COLUMNS),
 )
 
 
@@ -63,15 +81,31 @@ RETRIES = 5
 
 
 async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def execute(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall()
+
+    return await _retried(params, execute)
+
+
+async def _run(statement: prepared.Statement, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """``_execute`` of a statement of the append path (streams.store.prepared)."""
+    return await _retried(params, lambda conn: prepared.run(conn, statement, params))
+
+
+async def _retried(
+    params: tuple[Any, ...] | dict[str, Any],
+    execute: Callable[[AsyncConnection[Any]], Awaitable[list[tuple[Any, ...]]]],
+) -> list[tuple[Any, ...]]:
     size = _data_bytes(params)
     # Over BUFFER_KEEP_BYTES: on a connection reserved for large writes (streams.store.pool).
     large = size > BUFFER_KEEP_BYTES
     for attempt in range(RETRIES):
         try:
             async with connection(large=large) as conn:
-                cur = await conn.execute(sql, params)
+                rows = await execute(conn)
                 carried(conn, size, large=large)
-                return await cur.fetchall()
+                return rows
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == RETRIES - 1:
                 raise
@@ -182,7 +216,7 @@ async def append_batch(
 ) -> list[AppendResult | ProtocolError]:
     """Append several requests to one stream in one transaction; one result per request, in
     order, each either a success or the error that request must answer."""
-    rows = await _execute(_APPEND_SQL, _append_params(path, requests, max_stream_bytes))
+    rows = await _run(_APPEND, _append_params(path, requests, max_stream_bytes))
     return _append_results(requests, rows)
 
 
@@ -195,7 +229,7 @@ async def append_batches(
     locks streams in). If any stream's batch fails, nothing is stored and the error is raised
     (the caller judges each batch alone then)."""
     order, params = append_streams_params(batches, max_stream_bytes)
-    rows = await _execute(APPEND_STREAMS_SQL, params)
+    rows = await _run(APPEND_STREAMS, params)
     by_stream: list[list[tuple[Any, ...]]] = [[] for _ in batches]
     for row in rows:
         by_stream[order[row[0] - 1]].append(row[1:])
@@ -209,13 +243,13 @@ def append_streams_params(
     batches: list[tuple[str, list[AppendRequest]]], max_stream_bytes: int
 ) -> tuple[list[int], tuple[Any, ...]]:
     """The order in which ``append_batches`` locks the streams of ``batches`` (indices, in
-    path order), and the parameters of its statement (``APPEND_STREAMS_SQL``)."""
+    path order), and the parameters of its statement (``APPEND_STREAMS``)."""
     order = sorted(range(len(batches)), key=lambda i: batches[i][0])
     batch = _StreamsBatch()
     for ordinal, i in enumerate(order, start=1):
         batch.add(ordinal, batches[i][1])
     params = (
-        [batches[i][0] for i in order],
+        _text_array([batches[i][0] for i in order]),
         json.dumps(batch.descriptors),
         *(_int_array(values) for values in (batch.messages, batch.sizes, batch.first_message,
                                             batch.first_byte)),

@@ -556,7 +556,9 @@ def test_plain_appends_to_several_streams_are_written_without_ds_append(path: st
             (f"{path}-b", [append(f"{path}-b", b"b"), append(f"{path}-b", b"cd")]),
         ]
         _, params = writes.append_streams_params(plain, MAX)
-        rows = pg.execute(writes.APPEND_STREAMS_SQL, params).fetchall()
+        # The statement's own placeholders ($1...): a raw cursor on the test's connection.
+        sql = writes.APPEND_STREAMS.sql.decode()
+        rows = psycopg.RawCursor(pg).execute(sql, params).fetchall()
         assert [row[:4] for row in rows] == [(1, "appended", 1, 1), (2, "appended", 1, 1),
                                              (2, "appended", 2, 3)]  # fmt: skip
         # A producer's append is not plain: it goes through ds_append.
@@ -564,7 +566,7 @@ def test_plain_appends_to_several_streams_are_written_without_ds_append(path: st
         _, params = writes.append_streams_params(producer, MAX)
         failing = pytest.raises(psycopg.errors.RaiseException, match="ds_append called")
         with failing, pg.transaction():
-            pg.execute(writes.APPEND_STREAMS_SQL, params)
+            psycopg.RawCursor(pg).execute(sql, params)
 
 
 def test_a_request_failing_a_transaction_of_several_streams_fails_alone(path: str) -> None:

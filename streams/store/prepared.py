@@ -1,0 +1,153 @@
+"""The append statements, run through libpq directly (psycopg's ``pq`` binding) rather than
+through psycopg's cursors.
+
+An append is one statement, and psycopg's machinery around it (a cursor, the adaptation of
+every parameter by type, a generator driving libpq and an event-loop wait per step, rows made
+by loaders) cost more of the server's time than the statement's own work in PostgreSQL: 235 us
+against 145 us of this process's CPU per ``ds_append`` here, measured side by side
+(docs/benchmarks.md). The callers know their parameters' types and their rows' columns, so
+each statement here says them once: parameters go as bytes (text, or binary for ``bytea``),
+columns come back as text and are parsed by one function each.
+
+Each statement is prepared once per connection, under a name of its own (psycopg's are
+``_pg3_*``), on the connections of ``streams.store.pool``, which run in autocommit mode: a
+statement is its own transaction, and the connection is idle again when its rows are read.
+An error PostgreSQL reports is raised as psycopg raises it (``psycopg.errors``), so callers
+judge it the same way. A connection left mid-statement (the caller cancelled, the socket
+failed) is closed, so the pool replaces it rather than lend it in an unknown state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection, OperationalError, errors, pq
+
+Param = str | bytes | int | bool | None
+Column = Callable[[bytes], Any]
+
+
+def text(value: bytes) -> str:
+    return value.decode()
+
+
+def boolean(value: bytes) -> bool:
+    return value == b"t"
+
+
+integer: Column = int
+
+# The statements prepared on each connection, by name.
+_prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+
+
+class Statement:
+    """A statement with PostgreSQL's placeholders (``$1``...): its parameters' formats
+    (``bytes`` parameters are sent binary, all others as text) and a parser per column."""
+
+    __slots__ = ("columns", "formats", "name", "sql")
+
+    def __init__(self, name: str, sql: str, binary: Sequence[int], columns: Sequence[Column]):
+        self.name = name.encode()
+        self.sql = sql.encode()
+        count = sql.count("$")
+        self.formats = [1 if n in binary else 0 for n in range(1, count + 1)]
+        self.columns = tuple(columns)
+
+
+async def run(
+    conn: AsyncConnection[Any], statement: Statement, params: Sequence[Param]
+) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` with ``params`` on ``conn`` (a connection of the pool)."""
+    pgconn = conn.pgconn
+    values = [_encode(value) for value in params]
+    try:
+        prepared = _prepared.setdefault(conn, set())
+        if statement.name not in prepared:
+            pgconn.send_prepare(statement.name, statement.sql)
+            await _flush(pgconn)
+            _check(await _result(pgconn), pgconn)
+            prepared.add(statement.name)
+        pgconn.send_query_prepared(statement.name, values, statement.formats)
+        await _flush(pgconn)
+        result = _check(await _result(pgconn), pgconn)
+    except BaseException as exc:
+        idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
+        if not (isinstance(exc, errors.Error) and idle):
+            pgconn.finish()  # mid-statement: the pool replaces a closed connection
+        if isinstance(exc, OSError):
+            raise OperationalError(f"connection failed: {exc}") from exc
+        raise
+    columns = statement.columns
+    get = result.get_value
+    return [
+        tuple(
+            None if (value := get(row, col)) is None else parse(value)
+            for col, parse in enumerate(columns)
+        )
+        for row in range(result.ntuples)
+    ]
+
+
+def _encode(value: Param) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(value).encode()
+    raise TypeError(f"a parameter of {type(value).__name__}: send it as text")
+
+
+def _check(result: pq.abc.PGresult, pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        raise errors.error_from_result(result, encoding="utf-8")
+    if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        raise errors.InternalError(f"unexpected result {result.status!r}")
+    return result
+
+
+async def _flush(pgconn: pq.abc.PGconn) -> None:
+    """Send what libpq buffered (all of it at once but for large parameters)."""
+    while pgconn.flush():
+        await _ready(pgconn.socket, writing=True)
+
+
+async def _result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
+    """The statement's result, once the whole of it has come; the connection idle again."""
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        await _ready(pgconn.socket, writing=False)
+        pgconn.consume_input()
+    result = pgconn.get_result()
+    if result is None:
+        raise errors.InternalError("no result")
+    while pgconn.get_result() is not None:  # until libpq says the statement is done
+        pass
+    return result
+
+
+async def _ready(fd: int, *, writing: bool) -> None:
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    if writing:
+        loop.add_writer(fd, _wake, waiter)
+    else:
+        loop.add_reader(fd, _wake, waiter)
+    try:
+        await waiter
+    finally:
+        if writing:
+            loop.remove_writer(fd)
+        else:
+            loop.remove_reader(fd)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
