@@ -18,10 +18,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from durable_project.process import share_metrics_directory
+from durable_project.process import share_metrics_directory, tune_malloc
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
 share_metrics_directory()
+tune_malloc()
 django_asgi_app = get_asgi_application()
 
 from typing import Any, cast
