@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from typing import Any
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 
@@ -45,6 +47,21 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request id, the event's fields
     and, for errors, the traceback."""
 
+    def request_line(
+        self, when: float, name: str, request_id: str, message: str, fields: dict[str, Any]
+    ) -> str:
+        """What ``format`` makes of an INFO record of logger ``name`` with these values, made
+        without the record (streams.http.observe: request lines)."""
+        line = {
+            "time": datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds"),
+            "level": "INFO",
+            "logger": name,
+            "message": message,
+            "request_id": request_id,
+        }
+        line.update(fields)
+        return json.dumps(line, default=str)
+
     def format(self, record: logging.LogRecord) -> str:
         line = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -64,6 +81,26 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")
+        self._second = -1
+        self._second_text = ""
+
+    def request_line(
+        self, when: float, name: str, request_id: str, message: str, fields: dict[str, Any]
+    ) -> str:
+        """What ``format`` makes of an INFO record of logger ``name`` with these values, made
+        without the record (streams.http.observe: request lines)."""
+        second = int(when)
+        if second != self._second:  # the same second's lines share its text
+            self._second_text = time.strftime(self.default_time_format, self.converter(when))
+            self._second = second
+        asctime = (self.default_msec_format or "%s,%03d") % (
+            self._second_text,
+            (when - second) * 1000,
+        )
+        text = f"{asctime} INFO {name} [{request_id}]: {message}"
+        if not fields:
+            return text
+        return f"{text} {' '.join(f'{k}={v}' for k, v in fields.items())}"
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

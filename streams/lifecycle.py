@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -94,8 +96,21 @@ on_startup(_periodic("ds-pool-gauges", POOL_GAUGE_SECS, _count_pool))
 on_startup(_periodic("ds-metrics-flush", metrics.FLUSH_SECS, _flush_metrics))
 
 
+# Requests check that the background work runs (a server without the ASGI lifespan starts it
+# this way, and a task that crashed is restarted) at most this often (seconds): each starter
+# looks at its settings and its task, 10-15 us a request when done every time.
+CHECK_SECS = 1.0
+_checked_at = -math.inf
+
+
 def ensure_started() -> None:
-    """Start (or restart, after a crash) every app's background work; cheap when it runs."""
+    """Start (or restart, after a crash) every app's background work: at once the first time,
+    then at most every CHECK_SECS."""
+    global _checked_at
+    now = time.monotonic()
+    if now - _checked_at < CHECK_SECS:
+        return
+    _checked_at = now
     for start in _starters:
         start()
 

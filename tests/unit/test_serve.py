@@ -9,13 +9,16 @@ error ends it; it is never replaced.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
+import uuid
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from durable_project.logs import JsonFormatter, RequestIdFilter, TextFormatter
 from streams import lifecycle
 from streams.errors import NotFound
 from streams.http import observe, responses
@@ -125,3 +128,37 @@ class _Collect(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@pytest.mark.parametrize("formatter", [TextFormatter, JsonFormatter])
+def test_request_lines_written_directly_are_what_logging_writes(formatter: type[Any]) -> None:
+    """With the project's logging (one console handler on the parent logger), request lines
+    are formatted and written in one go, without records (RequestLines._write_directly): the
+    text must be exactly what logging itself writes for them."""
+    lines = [
+        ("abc123", "POST", "/v1/stream/a", 204, "stream", 0.0012345, 1_800_000_000.0005),
+        ("d-2", "GET", "/v1/stream/%41 ü/x", 200, "stream", 1.5, 1_800_000_000.9999),
+        ("-", "PUT", "/admin/", 499, "admin", 0.0, 1_800_000_001.25),
+    ]
+
+    def written(direct: bool) -> str:
+        parent = logging.getLogger(f"tests.request-lines.{uuid.uuid4().hex}")
+        parent.propagate = False
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter())
+        handler.addFilter(RequestIdFilter())
+        parent.addHandler(handler)
+        if not direct:
+            handler.addFilter(lambda record: True)  # any other filter: records are made
+        logger = logging.getLogger(f"{parent.name}.request")
+        logger.setLevel(logging.INFO)
+        request_lines = observe.RequestLines(logger)
+        request_lines._lines = list(lines)
+        assert observe._sole_console_handler(logger) is (handler if direct else None)
+        request_lines.flush()
+        return stream.getvalue().replace(logger.name, "ds.request")
+
+    direct = written(direct=True)
+    assert direct == written(direct=False)
+    assert len(direct.splitlines()) == 3 and "stream" in direct
