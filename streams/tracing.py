@@ -10,7 +10,9 @@ span (the psycopg instrumentation), exported in batches by OTLP over HTTP, or pr
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 _ASKED_BY = (
@@ -28,8 +30,29 @@ def enabled() -> bool:
     return any(os.environ.get(name) for name in _ASKED_BY)
 
 
+# Set once tracing is on (traced()): statements that do not go through psycopg's cursors
+# (streams.store.prepared) make their spans themselves.
+_tracer: Any = None
+
+
+@contextlib.contextmanager
+def statement(sql: str) -> Iterator[None]:
+    """A span for one database statement run without psycopg's cursors, named and described
+    as the psycopg instrumentation names its own; nothing when tracing is off."""
+    if _tracer is None:
+        yield
+        return
+    from opentelemetry.trace import SpanKind
+
+    name = sql.split(None, 1)[0]
+    attributes = {"db.system": "postgresql", "db.statement": sql}
+    with _tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes):
+        yield
+
+
 def traced(app: Any) -> Any:
     """``app`` with tracing when the environment asks for it, else ``app`` itself."""
+    global _tracer
     if not enabled():
         return app
     from opentelemetry import trace
@@ -53,4 +76,5 @@ def traced(app: Any) -> Any:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     PsycopgInstrumentor().instrument()
+    _tracer = trace.get_tracer("durable-streams")
     return OpenTelemetryMiddleware(app)

@@ -26,6 +26,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, OperationalError, errors, pq
 
+from streams import tracing
+
 Param = str | bytes | int | bool | None
 Column = Callable[[bytes], Any]
 
@@ -48,10 +50,11 @@ class Statement:
     """A statement with PostgreSQL's placeholders (``$1``...): its parameters' formats
     (``bytes`` parameters are sent binary, all others as text) and a parser per column."""
 
-    __slots__ = ("columns", "formats", "name", "sql")
+    __slots__ = ("columns", "formats", "name", "sql", "text")
 
     def __init__(self, name: str, sql: str, binary: Sequence[int], columns: Sequence[Column]):
         self.name = name.encode()
+        self.text = sql
         self.sql = sql.encode()
         count = sql.count("$")
         self.formats = [1 if n in binary else 0 for n in range(1, count + 1)]
@@ -62,6 +65,22 @@ async def run(
     conn: AsyncConnection[Any], statement: Statement, params: Sequence[Param]
 ) -> list[tuple[Any, ...]]:
     """The rows of ``statement`` with ``params`` on ``conn`` (a connection of the pool)."""
+    with tracing.statement(statement.text):
+        result = await _execute(conn, statement, params)
+    columns = statement.columns
+    get = result.get_value
+    return [
+        tuple(
+            None if (value := get(row, col)) is None else parse(value)
+            for col, parse in enumerate(columns)
+        )
+        for row in range(result.ntuples)
+    ]
+
+
+async def _execute(
+    conn: AsyncConnection[Any], statement: Statement, params: Sequence[Param]
+) -> pq.abc.PGresult:
     pgconn = conn.pgconn
     values = [_encode(value) for value in params]
     try:
@@ -81,15 +100,7 @@ async def run(
         if isinstance(exc, OSError):
             raise OperationalError(f"connection failed: {exc}") from exc
         raise
-    columns = statement.columns
-    get = result.get_value
-    return [
-        tuple(
-            None if (value := get(row, col)) is None else parse(value)
-            for col, parse in enumerate(columns)
-        )
-        for row in range(result.ntuples)
-    ]
+    return result
 
 
 def _encode(value: Param) -> bytes | None:

@@ -282,11 +282,14 @@ def test_tracing_is_on_only_when_asked(start_server: Any) -> None:
     server = start_server(env={"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "ds-test"})
     url = server.stream_url(f"traced-{time.time_ns()}")
     assert httpx.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+    # An append's statement runs without psycopg's cursors (streams.store.prepared): a span too.
+    assert httpx.post(url, content=b"x", headers={"Content-Type": "text/plain"}).status_code == 204
     deadline = time.monotonic() + 10
-    while '"service.name": "ds-test"' not in server.log_path.read_text():
+    while "FROM ds_append(" not in server.log_path.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.1)
     log = server.log_path.read_text()
+    assert '"service.name": "ds-test"' in log
     assert '"db.system"' in log and "ds_create" in log
     plain = start_server()
     httpx.put(
