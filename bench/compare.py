@@ -244,12 +244,16 @@ class OursServer:
 
     def start(self) -> Target:
         configured = os.environ.get("DATABASE_URL", "")
+        socket_dir = ""
         if configured:
             self.admin_url = configured
         else:
             from durable_project import localdb
 
             self.admin_url = localdb.ensure_running()
+            # As `make serve` does with the local cluster: the server's own connections go
+            # through its Unix socket (settings: DS_DB__SOCKET_DIR).
+            socket_dir = localdb.socket_directory() or ""
             pid_file = localdb.CLUSTER_DIR / "postmaster.pid"
             with contextlib.suppress(OSError, ValueError):
                 self.db_pid = int(pid_file.read_text().split()[0])
@@ -264,6 +268,7 @@ class OursServer:
             "DJANGO_SECRET_KEY": SECRET_KEY,
             "DS_SERVER__LONG_POLL_TIMEOUT_SECS": str(LONG_POLL_TIMEOUT_SECS),
             "DS_AUTH__MODE": self.auth,
+            "DS_DB__SOCKET_DIR": socket_dir,
             "PYTHONUNBUFFERED": "1",
             **self.overrides,
         }

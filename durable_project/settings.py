@@ -106,12 +106,18 @@ def database_config(url: str) -> dict[str, Any]:
     return config
 
 
+# The protocol endpoints' own connections (their pool, the LISTEN connection) may reach the
+# database through a Unix socket in this directory instead of the URL's host and port: on the
+# same machine a statement costs the server less CPU that way than over TCP (docs/
+# benchmarks.md). The project's local cluster offers one; Django and Spark keep the URL.
+DS_DB_SOCKET_DIR = env.str("DS_DB__SOCKET_DIR", default="")
 if env("DATABASE_URL", default=""):
     DATABASES = {"default": database_config(env.str("DATABASE_URL"))}
 else:
     from durable_project import localdb
 
     DATABASES = {"default": database_config(localdb.ensure_running())}
+    DS_DB_SOCKET_DIR = DS_DB_SOCKET_DIR or localdb.socket_directory() or ""
 # Pages, the admin and the REST API run in Django's threads under ASGI, each request on a thread
 # of its own: persistent per-thread connections (CONN_MAX_AGE) would pile up, one per thread
 # that ever ran. A bounded pool instead (Django 5.1+, psycopg_pool): at most this many

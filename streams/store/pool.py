@@ -91,7 +91,8 @@ _giving_back: set[asyncio.Task[None]] = set()
 
 
 def conninfo(alias: str = "default", *, url: str | None = None) -> str:
-    """libpq connection string for a Django database alias (or for ``url`` when given)."""
+    """libpq connection string for a Django database alias (or for ``url`` when given),
+    through the Unix socket of DS_DB__SOCKET_DIR when one is set (for the alias)."""
     if url:
         return make_conninfo(url, application_name="durable-streams")
     db = settings.DATABASES[alias]
@@ -104,6 +105,8 @@ def conninfo(alias: str = "default", *, url: str | None = None) -> str:
     ):
         if db.get(key):
             params[name] = db[key]
+    if settings.DS_DB_SOCKET_DIR:
+        params["host"] = settings.DS_DB_SOCKET_DIR
     for key, value in (db.get("OPTIONS") or {}).items():
         if isinstance(value, str | int):
             params[key] = value
