@@ -212,7 +212,9 @@ DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_0
 # A request body's next part must arrive within this many seconds (408 otherwise).
 DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
 # A catch-up response carries at most about this many bytes (always at least one message).
-DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=4 * 1024**2)
+# What one response holds in memory while it is sent: the messages as read, plus one block of
+# them (1 MiB) at a time joined for sending (streams.http.responses).
+DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=8 * 1024**2)
 # ... and at most this many messages, so a stream of tiny messages is read in bounded steps.
 DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 # Connections in each server process's async pool. Small is fast: appends to one stream queue

@@ -97,10 +97,10 @@ def test_error_before_the_response_is_answered() -> None:
 def test_a_read_in_pieces_goes_out_whole_in_blocks(pieces: list[bytes]) -> None:
     """A large read's pieces are sent joined into blocks of about BLOCK_BYTES: the same bytes in
     the same order, every block but the last at least BLOCK_BYTES long."""
-    blocks = responses._blocks(pieces)
+    blocks = list(responses._blocks(pieces))
     assert b"".join(blocks) == b"".join(pieces)
     assert all(len(block) >= responses.BLOCK_BYTES for block in blocks[:-1])
-    assert len(blocks) <= max(1, len(pieces))
+    assert 1 <= len(blocks) <= max(1, len(pieces))
 
 
 def test_request_lines_noted_on_a_loop_that_closed_are_logged_by_the_next() -> None:
