@@ -35,7 +35,7 @@ from streams.errors import (
 )
 from streams.protocol.headers import ProducerTuple
 from streams.protocol.offsets import Offset
-from streams.store import group_commit, pool, reads, retention, writes
+from streams.store import group_commit, pool, prepared, reads, retention, writes
 from streams.store.failures import refusal_for
 from streams.store.outcomes import SQL_TYPES, DeleteOutcome
 from streams.store.types import (
@@ -613,6 +613,29 @@ def test_catch_up_read_is_planned_for_one_stream(pg: Any) -> None:
 
 def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
+
+
+def test_a_large_append_sent_whole_is_stored_exactly(path: str) -> None:
+    """An append over LARGE_SEND_BYTES to a database on this machine (a Unix socket) is sent in
+    blocking mode (streams.store.prepared._send_whole); what is stored is what was sent, and
+    the connection goes on serving in non-blocking mode."""
+    data = bytes(range(256)) * (3 * prepared.LARGE_SEND_BYTES // 256) + b"end"
+
+    async def scenario() -> tuple[bool, bytes, Any]:
+        await create(path)
+        async with pool.connection() as conn:
+            over_socket = (conn.pgconn.host or b"").startswith(b"/")
+        (result,) = await batch(path, append(path, data))
+        (after,) = await batch(path, append(path, b"small"))
+        async with pool.connection() as conn:
+            blocking = conn.pgconn.nonblocking == 0
+        return over_socket and not blocking, await content(path), (result, after)
+
+    served, stored, (result, after) = run(scenario)
+    assert served, "the pool must reach the test database over the local cluster's socket"
+    assert stored == data + b"small"
+    assert isinstance(result, AppendResult) and result.next_offset == Offset(1, len(data))
+    assert isinstance(after, AppendResult) and after.next_offset == Offset(2, len(data) + 5)
 
 
 @pytest.mark.parametrize("reserved", [2, 0])
