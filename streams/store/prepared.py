@@ -20,6 +20,7 @@ failed) is closed, so the pool replaces it rather than lend it in an unknown sta
 from __future__ import annotations
 
 import asyncio
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,8 +48,8 @@ _prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], set[bytes]] = weakref
 
 
 class Statement:
-    """A statement with PostgreSQL's placeholders (``$1``...): its parameters' formats
-    (``bytes`` parameters are sent binary, all others as text) and a parser per column."""
+    """A statement with PostgreSQL's placeholders (``$1``...), the placeholders whose values
+    go binary (``bytea``; the others go as text) and a parser per column."""
 
     __slots__ = ("columns", "formats", "name", "sql", "text")
 
@@ -56,7 +57,7 @@ class Statement:
         self.name = name.encode()
         self.text = sql
         self.sql = sql.encode()
-        count = sql.count("$")
+        count = max(map(int, re.findall(r"\$(\d+)", sql)), default=0)
         self.formats = [1 if n in binary else 0 for n in range(1, count + 1)]
         self.columns = tuple(columns)
 
@@ -88,14 +89,14 @@ async def _execute(
         if statement.name not in prepared:
             pgconn.send_prepare(statement.name, statement.sql)
             await _flush(pgconn)
-            _check(await _result(pgconn), pgconn)
+            _check(await _result(pgconn))
             prepared.add(statement.name)
         if _send_blocking(pgconn, values):
             _send_whole(pgconn, statement, values)
         else:
             pgconn.send_query_prepared(statement.name, values, statement.formats)
             await _flush(pgconn)
-        result = _check(await _result(pgconn), pgconn)
+        result = _check(await _result(pgconn))
     except BaseException as exc:
         idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
         if not (isinstance(exc, errors.Error) and idle):
@@ -147,7 +148,7 @@ def _encode(value: Param) -> bytes | None:
     raise TypeError(f"a parameter of {type(value).__name__}: send it as text")
 
 
-def _check(result: pq.abc.PGresult, pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
+def _check(result: pq.abc.PGresult) -> pq.abc.PGresult:
     if result.status == pq.ExecStatus.FATAL_ERROR:
         raise errors.error_from_result(result, encoding="utf-8")
     if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):

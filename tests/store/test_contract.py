@@ -536,6 +536,26 @@ def test_a_transaction_of_several_streams_judges_as_each_stream_alone(path: str,
     assert shape(by_name["json"][1])[1] == Offset(4, 14)
 
 
+def test_a_transaction_of_several_streams_takes_any_path(path: str) -> None:
+    """Paths go to ds_append_streams as one array in PostgreSQL's text form: quotes,
+    backslashes, commas, braces, spaces, NULL and non-ASCII must each reach their stream."""
+    names = ['q"uote', "back\\slash", "com,ma", "{brace}", "sp ace", "NULL", "ünï", "a/b"]
+
+    async def scenario() -> tuple[list[list[Any]], list[bytes]]:
+        streams = [f"{path}/{name}" for name in names]
+        for stream in streams:
+            await create(stream)
+        results = await writes.append_batches(
+            [(stream, [append(stream, stream.encode())]) for stream in streams],
+            max_stream_bytes=MAX,
+        )
+        return results, [await content(stream) for stream in streams]
+
+    results, stored = run(scenario)
+    assert all(isinstance(r, AppendResult) for rs in results for r in rs), results
+    assert stored == [f"{path}/{name}".encode() for name in names]
+
+
 def test_plain_appends_to_several_streams_are_written_without_ds_append(path: str, pg: Any) -> None:
     """The streams of a transaction whose requests are all plain appends are written by one
     statement, never by ds_append (the per-stream path, three times the cost): with ds_append
