@@ -89,14 +89,14 @@ async def _execute(
         if statement.name not in prepared:
             pgconn.send_prepare(statement.name, statement.sql)
             await _flush(pgconn)
-            _check(await _result(pgconn))
+            await _result(pgconn)
             prepared.add(statement.name)
         if _send_blocking(pgconn, values):
             _send_whole(pgconn, statement, values)
         else:
             pgconn.send_query_prepared(statement.name, values, statement.formats)
             await _flush(pgconn)
-        result = _check(await _result(pgconn))
+        result = await _result(pgconn)
     except BaseException as exc:
         idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
         if not (isinstance(exc, errors.Error) and idle):
@@ -148,14 +148,6 @@ def _encode(value: Param) -> bytes | None:
     raise TypeError(f"a parameter of {type(value).__name__}: send it as text")
 
 
-def _check(result: pq.abc.PGresult) -> pq.abc.PGresult:
-    if result.status == pq.ExecStatus.FATAL_ERROR:
-        raise errors.error_from_result(result, encoding="utf-8")
-    if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
-        raise errors.InternalError(f"unexpected result {result.status!r}")
-    return result
-
-
 async def _flush(pgconn: pq.abc.PGconn) -> None:
     """Send what libpq buffered (all of it at once but for large parameters)."""
     while pgconn.flush():
@@ -163,17 +155,41 @@ async def _flush(pgconn: pq.abc.PGconn) -> None:
 
 
 async def _result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
-    """The statement's result, once the whole of it has come; the connection idle again."""
-    pgconn.consume_input()
-    while pgconn.is_busy():
-        await _ready(pgconn.socket, writing=False)
+    """The statement's result, once libpq has read all the server answered, up to the end of
+    the exchange: only then has an autocommit statement's transaction committed. Its rows come
+    first, and the commit can still fail after them (a deferred trigger, the server going
+    away): any error in the exchange is raised, the rows never returned then. libpq is never
+    asked for a result it has not read yet (it would block the event loop for it)."""
+    first: pq.abc.PGresult | None = None
+    error: pq.abc.PGresult | None = None
+    while True:
         pgconn.consume_input()
-    result = pgconn.get_result()
-    if result is None:
+        while pgconn.is_busy():
+            await _ready(pgconn.socket, writing=False)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            error = error or result
+        elif result.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            first = first or result
+        else:
+            raise errors.InternalError(f"unexpected result {result.status!r}")
+    if error is not None:
+        raise _error(error)
+    if first is None:
         raise errors.InternalError("no result")
-    while pgconn.get_result() is not None:  # until libpq says the statement is done
-        pass
-    return result
+    return first
+
+
+def _error(result: pq.abc.PGresult) -> errors.Error:
+    """The error PostgreSQL reported, as psycopg raises it; one without a SQLSTATE is libpq's
+    own (the connection failed): an OperationalError, as psycopg makes it."""
+    if not result.error_field(pq.DiagnosticField.SQLSTATE):
+        message = (result.error_message or b"connection failed").decode(errors="replace")
+        return OperationalError(message.strip())
+    return errors.error_from_result(result, encoding="utf-8")
 
 
 async def _ready(fd: int, *, writing: bool) -> None:

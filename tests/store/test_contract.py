@@ -635,6 +635,54 @@ def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
 
 
+def test_an_append_is_acknowledged_only_once_its_transaction_committed(path: str, pg: Any) -> None:
+    """A statement's rows arrive before its transaction commits (autocommit commits at the
+    end of the exchange), and the commit can still fail: an append is a success only once
+    PostgreSQL says the whole exchange is done. A deferred trigger that refuses one message at
+    commit stands for the commit failing (or the connection dying then): that append, alone
+    or in a transaction of several streams, must fail and nothing of its transaction stay."""
+    refused = b"refused at commit"
+    pg.execute(
+        "CREATE FUNCTION ds_test_refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.data = 'refused at commit'::bytea THEN"
+        " RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'check_violation'; END IF;"
+        " RETURN NULL; END $$"
+    )
+    pg.execute(
+        "CREATE CONSTRAINT TRIGGER ds_test_refuse_at_commit AFTER INSERT ON ds_message"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ds_test_refuse_at_commit()"
+    )
+    try:
+
+        async def outcome(write: Awaitable[Any]) -> Any:
+            try:  # the store raises for a statement that failed (group_commit judges it)
+                return await write
+            except psycopg.Error as exc:
+                return exc
+
+        async def scenario() -> tuple[Any, Any, list[bytes]]:
+            streams = [f"{path}-a", f"{path}-b"]
+            for stream in streams:
+                await create(stream)
+            alone = await outcome(batch(streams[0], append(streams[0], refused)))
+            together = await outcome(
+                writes.append_batches(
+                    [(streams[0], [append(streams[0], b"not kept")]),
+                     (streams[1], [append(streams[1], refused)])],
+                    max_stream_bytes=MAX,
+                )
+            )  # fmt: skip
+            return alone, together, [await content(stream) for stream in streams]
+
+        alone, together, stored = run(scenario)
+    finally:
+        pg.execute("DROP TRIGGER ds_test_refuse_at_commit ON ds_message")
+        pg.execute("DROP FUNCTION ds_test_refuse_at_commit()")
+    assert isinstance(alone, psycopg.errors.CheckViolation), alone
+    assert isinstance(together, psycopg.errors.CheckViolation), together
+    assert stored == [b"", b""]
+
+
 def test_a_large_append_sent_whole_is_stored_exactly(path: str) -> None:
     """An append over LARGE_SEND_BYTES to a database on this machine (a Unix socket) is sent in
     blocking mode (streams.store.prepared._send_whole); what is stored is what was sent, and
