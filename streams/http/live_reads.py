@@ -35,13 +35,12 @@ def _start(request: Request) -> ReadStart:
 async def long_poll(request: Request) -> Response:
     """GET with ``live=long-poll`` (PROTOCOL.md 5.7)."""
     cursor = cursors.next_cursor(request.query_value("cursor"))
-    meta, offset = await services.open_live(
+    meta, result = await services.long_poll(
         path=request.path,
         principal=request.principal,
         start=_start(request),
         resource=request.resource,
     )
-    meta, result = await services.long_poll(meta, offset)
     if result is not None:
         return render.data(meta, result, cursor=cursor)
     # A timeout, or closed at the reader's offset (then without a cursor: PROTOCOL.md 5.7).

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from access.grants import Operation, Principal, stream_resource
 from streams import metrics
-from streams.live import hub
+from streams.live import Subscription, hub
 from streams.protocol.offsets import Offset, ReadStart
 from streams.store import reads
 from streams.store.types import ReadResult, StreamMeta
@@ -27,7 +27,9 @@ async def stream_info(
 ) -> StreamMeta:
     """A stream's metadata; does not renew a sliding TTL (HEAD, PROTOCOL.md 5.5)."""
     principal.require(resource or stream_resource(path), Operation.READ)
-    return await reads.stream_meta(path, touch=False)
+    meta = await reads.stream_meta(path, touch=False)
+    stream_ids.note(path, meta.id)
+    return meta
 
 
 async def read(
@@ -41,6 +43,7 @@ async def read(
     meta, result = await reads.read_from(
         path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
     )
+    stream_ids.note(path, meta.id)
     metrics.CATCH_UP_BYTES.inc(result.size)
     return meta, result
 
@@ -91,24 +94,92 @@ def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ..
     return (separator.join(messages),)
 
 
-async def long_poll(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult | None]:
-    """Wait up to the long-poll timeout for data at ``offset`` (PROTOCOL.md 5.7): the data,
-    or None when the wait ended without any (timeout, the stream closed at the reader's
-    offset, or the process shutting down)."""
+async def long_poll(
+    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
+) -> tuple[StreamMeta, ReadResult | None]:
+    """A long-poll (PROTOCOL.md 5.7): the data at ``start`` (TTL renewed), or, when there is
+    none, whatever comes within the long-poll timeout; None when the wait ended without any
+    (timeout, the stream closed at the reader's offset, or the process shutting down).
+
+    One statement reads the stream and its data, after subscribing to the stream's changes:
+    the subscription needs the stream's id, which this process remembers from earlier reads
+    of the path (``stream_ids``), and learns with a statement of its own otherwise. When the
+    path names another stream than the one remembered (deleted and created again), the read
+    subscribes to the right one and reads again."""
+    principal.require(resource or stream_resource(path), Operation.READ)
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
+    known = stream_ids.get(path)
+    if known is None:
+        known = (await reads.stream_meta(path, touch=True)).id
+        stream_ids.note(path, known)
+    async with hub.subscribe(known) as subscription, live_reader("long-poll"):
+        subscription.arm()
+        meta, result = await _open_read(path, start)
+        if meta.id == known:
+            return await _wait_for_data(subscription, meta, result, deadline)
+    stream_ids.note(path, meta.id)
     async with hub.subscribe(meta.id) as subscription, live_reader("long-poll"):
         subscription.arm()
-        meta, result = await first_read(meta, offset)
-        while True:
-            if result.count:
-                return meta, result
-            if meta.closed:
-                return meta, None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await subscription.wait(remaining):
-                return meta, None
-            subscription.arm()
-            meta, result = await next_read(meta, offset)
+        meta, result = await first_read(meta, result.start)
+        return await _wait_for_data(subscription, meta, result, deadline)
+
+
+async def _open_read(path: str, start: ReadStart) -> tuple[StreamMeta, ReadResult]:
+    """The first read of a live reader: the stream (TTL renewed) and its data from ``start``
+    (at the tail: none), the start validated (400, 410)."""
+    if start.at_tail:
+        meta = await reads.stream_meta(path, touch=True)
+        return meta, reads.nothing_at(meta, meta.tail)
+    return await reads.read_from(
+        path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+    )
+
+
+async def _wait_for_data(
+    subscription: Subscription, meta: StreamMeta, result: ReadResult, deadline: float
+) -> tuple[StreamMeta, ReadResult | None]:
+    """A long-poll's wait after its first read (``result``), until data comes or the
+    deadline passes; the subscription armed before that read."""
+    offset = result.start
+    while True:
+        if result.count:
+            return meta, result
+        if meta.closed:
+            return meta, None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not await subscription.wait(remaining):
+            return meta, None
+        subscription.arm()
+        meta, result = await next_read(meta, offset)
+
+
+class StreamIds:
+    """The id of the stream at each path this process read lately, at most ``limit`` of them
+    (the oldest noted forgotten first): a hint, which the statement it saves confirms."""
+
+    __slots__ = ("_ids", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self._ids: dict[str, int] = {}
+        self.limit = limit
+
+    def get(self, path: str) -> int | None:
+        return self._ids.get(path)
+
+    def note(self, path: str, stream_id: int) -> None:
+        ids = self._ids
+        if ids.get(path) == stream_id:
+            return
+        if path not in ids and len(ids) >= self.limit:
+            del ids[next(iter(ids))]
+        ids[path] = stream_id
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+# At most 4,096 paths of at most 1 KiB (streams.http.request.MAX_PATH_BYTES): a few MiB.
+stream_ids = StreamIds(4096)
 
 
 # For readers that loop themselves (SSE): ``async with subscribe(stream_id) as subscription``.

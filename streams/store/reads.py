@@ -423,6 +423,11 @@ def _result(meta: StreamMeta, start: Offset, chunk: _Chunk) -> ReadResult:
     )
 
 
+def nothing_at(meta: StreamMeta, offset: Offset) -> ReadResult:
+    """An empty read at ``offset`` of the stream in ``meta``."""
+    return _result(meta, offset, _Chunk(offset, b""))
+
+
 async def reread(
     meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
 ) -> tuple[StreamMeta, ReadResult]:

@@ -1,0 +1,89 @@
+"""Long-polls on a path whose stream was deleted and created again (PROTOCOL.md 5.7).
+
+A server process remembers the stream id of each path it read lately, and a long-poll
+subscribes to that stream's changes before its first statement (streams.services.reads). These
+tests read a path (so its id is remembered), delete the stream and create another at the same
+path, and long-poll it again: the answers must be the new stream's, and a long-poll waiting on
+it must be woken by the new stream's appends, not wait out the timeout (2 s on test servers).
+The test server is one process, so the second long-poll meets the remembered id.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+def _url(path: str) -> str:
+    return f"/v1/stream/{path}"
+
+
+def _create(client: httpx.Client, path: str, body: bytes = b"") -> str:
+    created = client.put(_url(path), content=body, headers=TEXT)
+    assert created.status_code == 201, created.text
+    return created.headers["Stream-Next-Offset"]
+
+
+def _replace(client: httpx.Client, path: str, body: bytes) -> str:
+    """Read the path's stream (its id is remembered), delete it, create another there."""
+    read = client.get(_url(path), params={"offset": "-1", "live": "long-poll"})
+    assert read.status_code == 200
+    assert client.delete(_url(path)).status_code == 204
+    return _create(client, path, body)
+
+
+def test_a_long_poll_reads_the_stream_created_again_at_its_path(
+    client: httpx.Client, stream_path: str
+) -> None:
+    _create(client, stream_path, b"first stream")
+    _replace(client, stream_path, b"second")
+
+    again = client.get(_url(stream_path), params={"offset": "-1", "live": "long-poll"})
+
+    assert again.status_code == 200
+    assert again.content == b"second"
+
+
+def test_an_offset_of_the_old_stream_is_judged_against_the_new_one(
+    client: httpx.Client, stream_path: str
+) -> None:
+    old_tail = _create(client, stream_path, b"a longer first stream")
+    _replace(client, stream_path, b"short")
+
+    beyond = client.get(_url(stream_path), params={"offset": old_tail, "live": "long-poll"})
+
+    assert beyond.status_code == 400
+
+
+def test_a_long_poll_at_the_tail_is_woken_by_the_new_streams_appends(
+    client: httpx.Client, stream_path: str
+) -> None:
+    _create(client, stream_path, b"old")
+    tail = _replace(client, stream_path, b"new")
+    answer: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        response = client.get(_url(stream_path), params={"offset": "now", "live": "long-poll"})
+        answer["status"], answer["body"] = response.status_code, response.content
+
+    waiting = threading.Thread(target=long_poll)
+    waiting.start()
+    # Appends until the long-poll answers: whichever the long-poll's tail came after wakes it.
+    appended = []
+    while waiting.is_alive() and len(appended) < 5:
+        time.sleep(0.2)
+        with httpx.Client(base_url=client.base_url, timeout=30) as writer:
+            done = writer.post(_url(stream_path), content=b"+", headers=TEXT)
+        assert done.status_code in (200, 204)
+        appended.append(done)
+    waiting.join(30)
+
+    assert answer["status"] == 200, answer
+    assert answer["body"].startswith(b"+")
+    after = client.get(_url(stream_path), params={"offset": tail})
+    assert after.content == b"+" * len(appended)
