@@ -49,16 +49,14 @@ async def long_poll(request: Request) -> Response:
 
 async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
     """GET with ``live=sse`` (PROTOCOL.md 5.8): answers itself, as an event stream."""
-    meta, offset = await services.open_live(
+    # The first read happens before the response starts, so a bad offset is still a 400.
+    async with services.live_read(
         path=request.path,
         principal=request.principal,
         start=_start(request),
+        mode="sse",
         resource=request.resource,
-    )
-    async with services.subscribe(meta.id) as subscription, services.live_reader("sse"):
-        # The first read happens before the response starts, so a bad offset is still a 400.
-        subscription.arm()
-        meta, first = await services.first_read(meta, offset)
+    ) as (subscription, meta, first):
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         base64_data = not is_text_for_sse(meta.media_type)
         if base64_data:
@@ -69,7 +67,7 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
         async def emit(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-        session = SseSession(meta, offset, emit, base64_data, request.query_value("cursor"))
+        session = SseSession(meta, first.start, emit, base64_data, request.query_value("cursor"))
         # Deleted or expired while followed, or the database gone: the event stream just ends
         # (the client reconnects from its last offset).
         with contextlib.suppress(ProtocolError):

@@ -14,14 +14,11 @@ Other apps (Yjs, state) call these functions, never a handler's internals.
 """
 
 from streams.services.reads import (
-    first_read,
-    live_reader,
+    live_read,
     long_poll,
     next_read,
-    open_live,
     read,
     stream_info,
-    subscribe,
 )
 from streams.services.retention import retention_of, trim_stream
 from streams.services.writes import append, create_stream, delete_stream
@@ -30,14 +27,11 @@ __all__ = [
     "append",
     "create_stream",
     "delete_stream",
-    "first_read",
-    "live_reader",
+    "live_read",
     "long_poll",
     "next_read",
-    "open_live",
     "read",
     "retention_of",
     "stream_info",
-    "subscribe",
     "trim_stream",
 ]

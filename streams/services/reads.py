@@ -48,18 +48,6 @@ async def read(
     return meta, result
 
 
-async def open_live(
-    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
-) -> tuple[StreamMeta, Offset]:
-    """The stream of a live read (TTL renewed: PROTOCOL.md 5.1) and its validated start (410
-    before what the stream retains)."""
-    principal.require(resource or stream_resource(path), Operation.READ)
-    meta = await reads.stream_meta(path, touch=True)
-    offset = start.offset or (meta.tail if start.at_tail else meta.start)
-    reads.check_start(meta, offset)
-    return meta, offset
-
-
 async def first_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
     """The read of a live reader right after it subscribed (armed): from the store."""
     return await reads.reread(
@@ -94,33 +82,48 @@ def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ..
     return (separator.join(messages),)
 
 
-async def long_poll(
-    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
-) -> tuple[StreamMeta, ReadResult | None]:
-    """A long-poll (PROTOCOL.md 5.7): the data at ``start`` (TTL renewed), or, when there is
-    none, whatever comes within the long-poll timeout; None when the wait ended without any
-    (timeout, the stream closed at the reader's offset, or the process shutting down).
+@contextlib.asynccontextmanager
+async def live_read(
+    *, path: str, principal: Principal, start: ReadStart, mode: str, resource: str | None = None
+) -> AsyncIterator[tuple[Subscription, StreamMeta, ReadResult]]:
+    """Begin a live read (``mode``: long-poll or sse, PROTOCOL.md 5.7, 5.8): subscribed to
+    the stream's changes and armed, the stream (TTL renewed) and its data from ``start`` (at
+    the tail: none), the start validated (400, 410). The subscription and the reader's count
+    last while the block runs.
 
-    One statement reads the stream and its data, after subscribing to the stream's changes:
-    the subscription needs the stream's id, which this process remembers from earlier reads
-    of the path (``stream_ids``), and learns with a statement of its own otherwise. When the
-    path names another stream than the one remembered (deleted and created again), the read
-    subscribes to the right one and reads again."""
+    One statement reads the stream and its data, after subscribing: the subscription needs the
+    stream's id, which this process remembers from earlier reads of the path (``stream_ids``),
+    and learns with a statement of its own otherwise. When the path names another stream than
+    the one remembered (deleted and created again), the read subscribes to the right one and
+    reads again."""
     principal.require(resource or stream_resource(path), Operation.READ)
-    deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     known = stream_ids.get(path)
     if known is None:
         known = (await reads.stream_meta(path, touch=True)).id
         stream_ids.note(path, known)
-    async with hub.subscribe(known) as subscription, live_reader("long-poll"):
+    async with hub.subscribe(known) as subscription, live_reader(mode):
         subscription.arm()
         meta, result = await _open_read(path, start)
         if meta.id == known:
-            return await _wait_for_data(subscription, meta, result, deadline)
+            yield subscription, meta, result
+            return
     stream_ids.note(path, meta.id)
-    async with hub.subscribe(meta.id) as subscription, live_reader("long-poll"):
+    async with hub.subscribe(meta.id) as subscription, live_reader(mode):
         subscription.arm()
         meta, result = await first_read(meta, result.start)
+        yield subscription, meta, result
+
+
+async def long_poll(
+    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
+) -> tuple[StreamMeta, ReadResult | None]:
+    """A long-poll (PROTOCOL.md 5.7): the data at ``start``, or, when there is none, whatever
+    comes within the long-poll timeout; None when the wait ended without any (timeout, the
+    stream closed at the reader's offset, or the process shutting down)."""
+    deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
+    async with live_read(
+        path=path, principal=principal, start=start, mode="long-poll", resource=resource
+    ) as (subscription, meta, result):
         return await _wait_for_data(subscription, meta, result, deadline)
 
 
@@ -180,10 +183,6 @@ class StreamIds:
 
 # At most 4,096 paths of at most 1 KiB (streams.http.request.MAX_PATH_BYTES): a few MiB.
 stream_ids = StreamIds(4096)
-
-
-# For readers that loop themselves (SSE): ``async with subscribe(stream_id) as subscription``.
-subscribe = hub.subscribe
 
 
 @contextlib.asynccontextmanager

@@ -1,11 +1,11 @@
-"""Long-polls on a path whose stream was deleted and created again (PROTOCOL.md 5.7).
+"""Live reads on a path whose stream was deleted and created again (PROTOCOL.md 5.7, 5.8).
 
-A server process remembers the stream id of each path it read lately, and a long-poll
+A server process remembers the stream id of each path it read lately, and a live read
 subscribes to that stream's changes before its first statement (streams.services.reads). These
 tests read a path (so its id is remembered), delete the stream and create another at the same
-path, and long-poll it again: the answers must be the new stream's, and a long-poll waiting on
-it must be woken by the new stream's appends, not wait out the timeout (2 s on test servers).
-The test server is one process, so the second long-poll meets the remembered id.
+path, and read it live again: the answers must be the new stream's, and a reader waiting on it
+must be woken by the new stream's appends (a long-poll must not wait out its timeout, 2 s on
+test servers). The test server is one process, so the second read meets the remembered id.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 import httpx
+
+from tests.retention.support import sse_events
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -60,6 +62,19 @@ def test_an_offset_of_the_old_stream_is_judged_against_the_new_one(
     assert beyond.status_code == 400
 
 
+def _append_while(client: httpx.Client, path: str, reader: threading.Thread) -> int:
+    """Append "+" every 0.2 s while ``reader`` runs, at most 5 times (about 1 s): whichever
+    append came after the reader's tail should wake it. Returns how many were appended."""
+    appended = 0
+    with httpx.Client(base_url=client.base_url, timeout=30) as writer:
+        while reader.is_alive() and appended < 5:
+            time.sleep(0.2)
+            done = writer.post(_url(path), content=b"+", headers=TEXT)
+            assert done.status_code in (200, 204)
+            appended += 1
+    return appended
+
+
 def test_a_long_poll_at_the_tail_is_woken_by_the_new_streams_appends(
     client: httpx.Client, stream_path: str
 ) -> None:
@@ -73,17 +88,34 @@ def test_a_long_poll_at_the_tail_is_woken_by_the_new_streams_appends(
 
     waiting = threading.Thread(target=long_poll)
     waiting.start()
-    # Appends until the long-poll answers: whichever the long-poll's tail came after wakes it.
-    appended = []
-    while waiting.is_alive() and len(appended) < 5:
-        time.sleep(0.2)
-        with httpx.Client(base_url=client.base_url, timeout=30) as writer:
-            done = writer.post(_url(stream_path), content=b"+", headers=TEXT)
-        assert done.status_code in (200, 204)
-        appended.append(done)
+    appended = _append_while(client, stream_path, waiting)
     waiting.join(30)
 
     assert answer["status"] == 200, answer
     assert answer["body"].startswith(b"+")
     after = client.get(_url(stream_path), params={"offset": tail})
-    assert after.content == b"+" * len(appended)
+    assert after.content == b"+" * appended
+
+
+def test_an_sse_reader_follows_the_stream_created_again_at_its_path(
+    client: httpx.Client, stream_path: str
+) -> None:
+    _create(client, stream_path, b"old")
+    _replace(client, stream_path, b"new")
+    seen: list[str] = []
+
+    def follow() -> None:
+        with httpx.Client(base_url=client.base_url, timeout=30) as reader:
+            for events in sse_events(
+                reader, stream_path, "-1", until=lambda got: "+" in got[-1][1]
+            ):
+                seen[:] = [data for kind, data in events if kind == "data"]
+
+    reading = threading.Thread(target=follow, daemon=True)
+    reading.start()
+    _append_while(client, stream_path, reading)
+    reading.join(10)
+
+    assert not reading.is_alive(), f"the SSE reader was never woken: {seen}"
+    assert seen[0].startswith("new")
+    assert "+" in seen[-1]
