@@ -134,7 +134,11 @@ SUFFIXES = st.sampled_from([
 
 
 @pytest.fixture(scope="module")
-def subs_http(fuzz_server: Any) -> Iterator[RawHttp]:
+def subs_http(fuzz_server: Any, pg: Any) -> Iterator[RawHttp]:
+    """The fuzz server's HTTP, with a sentinel subscription; afterwards no subscription the
+    fuzzing made is left (the tests after it share the database, and one left with a pattern
+    such as ``**`` would follow every stream they make)."""
+    (before,) = pg.execute("SELECT coalesce(max(id), 0) FROM ds_subscription").fetchone()
     http = RawHttp(fuzz_server.port)
     created = http.send("PUT", f"/v1/stream/{WAKE_STREAM}", JSON, b"", check=True)
     assert created.status in (200, 201), created.body
@@ -149,7 +153,16 @@ def subs_http(fuzz_server: Any) -> Iterator[RawHttp]:
     assert made.status == 201, made.body
     yield http
     http.send("DELETE", f"{CONTROL}/subscriptions/{SENTINEL}", check=True)
+    left = [
+        row[0]
+        for row in pg.execute(
+            "SELECT subscription_id FROM ds_subscription WHERE id > %s", [before]
+        ).fetchall()
+    ]
+    for sub_id in left:
+        http.send("DELETE", f"{CONTROL}/subscriptions/{quote(sub_id, safe='')}", check=True)
     http.close()
+    assert not left, f"the fuzzing left subscriptions behind: {left}"
 
 
 def sentinel_state(http: RawHttp) -> bytes:
@@ -202,6 +215,8 @@ def test_control_api_fuzz(
         assert after.status == 404, (
             f"a refused PUT ({reply.status}) created {sub_id}: {after.body!r}"
         )
-    if fresh and reply.status in (200, 201):
-        http.send("DELETE", f"{CONTROL}/subscriptions/{sub_id}", check=True)
+    if method == "PUT" and suffix == "" and reply.status in (200, 201):
+        # Made (or replaced) by this request, whatever its id: gone before the next one.
+        gone = http.send("DELETE", target, check=True)
+        assert gone.status == 204, (target, gone.status, gone.body)
     assert sentinel_state(http) == before, f"{method} {target} changed the sentinel subscription"
