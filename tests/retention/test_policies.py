@@ -157,25 +157,3 @@ def test_a_server_wide_default_applies_to_streams_without_a_policy(
         assert start_of(client, state) == "0000000000000000_0000000000000000"
         assert start_of(client, "__registry__") == "0000000000000000_0000000000000000"
         assert len(client.get(url(state), params={"offset": "-1"}).json()) == 5
-
-
-def test_trim_streams_command_enforces_policies_with_progress(
-    client: httpx.Client, stream_path: str, database_url: str, pg: Any
-) -> None:
-    """``manage.py trim_streams`` trims streams over their policy and purges their rows,
-    saying what it does. (The stream has no policy of its own and the command a server-wide
-    default of 10 bytes: the sweeping servers of this module, with no or a larger default,
-    leave it to the command.)"""
-    create(client, stream_path)
-    offsets = append_all(client, stream_path, ["aaaaa", "bbbbb", "ccccc", "ddddd"])
-    env = command_env(database_url, DS_RETENTION__MAX_BYTES="10")
-    args = ["trim_streams", "--stream", stream_path]
-    result = manage(database_url, *args, env=env)
-    assert result.returncode == 0, result.stderr
-    assert f"trimmed {stream_path}: {offsets[0]} -> {offsets[2]}" in result.stdout
-    assert f"purged {stream_path}: 2 messages" in result.stdout
-    assert "1 trimmed, 2 messages purged" in result.stdout
-    assert start_of(client, stream_path) == offsets[2]
-    assert stored_seqs(pg, stream_path) == [2, 3]
-    again = manage(database_url, *args, env=env)
-    assert again.returncode == 0 and "0 trimmed" in again.stdout
