@@ -51,12 +51,14 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
         token = request_id.set(rid)
         rid_header = (b"x-request-id", rid.encode())
         status = 0
+        answered = 0.0  # when the answer began (time.time()); 0 until then
         started = time.perf_counter()
 
         async def send_observed(message: dict[str, Any]) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
+                answered = time.time()
                 message = message | {"headers": [*message.get("headers", ()), rid_header]}
             await send(message)
 
@@ -72,14 +74,14 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
                 metrics.REQUEST_SECONDS.labels(family, method).observe(seconds)
             if settings.DS_LOG_REQUESTS and request_log.isEnabledFor(logging.INFO):
                 request_lines.note(rid, scope["method"], scope["path"], status or 499, family,
-                                   seconds)  # fmt: skip
+                                   seconds, answered or time.time())  # fmt: skip
             request_id.reset(token)
 
     return application
 
 
 # What a request line says: request id, method, path, status, route family, duration (s), and
-# when it was answered (time.time()).
+# when it was answered (time.time() as the answer began; as the request ended if none began).
 _Line = tuple[str, str, str, int, str, float, float]
 
 # Request lines wait at most this long (seconds) before they are logged.
@@ -105,14 +107,21 @@ class RequestLines:
         self._lock = threading.Lock()
 
     def note(
-        self, rid: str, method: str, path: str, status: int, family: str, seconds: float
+        self,
+        rid: str,
+        method: str,
+        path: str,
+        status: int,
+        family: str,
+        seconds: float,
+        when: float,
     ) -> None:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # no event loop in this thread
             loop = None
         with self._lock:
-            self._lines.append((rid, method, path, status, family, seconds, time.time()))
+            self._lines.append((rid, method, path, status, family, seconds, when))
             waiting = len(self._lines)
             pending = self._flush_loop
             schedule = loop is not None and (pending is None or pending.is_closed())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -113,7 +114,7 @@ def test_request_lines_noted_on_a_loop_that_closed_are_logged_by_the_next() -> N
     lines = observe.RequestLines(logger)
 
     async def one(rid: str, wait: float) -> None:
-        lines.note(rid, "POST", "/v1/stream/a", 204, "stream", 0.001)
+        lines.note(rid, "POST", "/v1/stream/a", 204, "stream", 0.001, time.time())
         await asyncio.sleep(wait)
 
     asyncio.run(one("first", 0))  # the loop closes before its flush is due
