@@ -92,25 +92,27 @@ async def live_read(
     last while the block runs.
 
     One statement reads the stream and its data, after subscribing: the subscription needs the
-    stream's id, which this process remembers from earlier reads of the path (``stream_ids``),
-    and learns with a statement of its own otherwise. When the path names another stream than
-    the one remembered (deleted and created again), the read subscribes to the right one and
-    reads again."""
+    stream's id, which this process remembers from earlier reads of the path (``stream_ids``).
+    Otherwise, and when the path names another stream than the one remembered (deleted and
+    created again), the read learns the id from the stream's metadata, subscribes to it and
+    reads the data after that."""
     principal.require(resource or stream_resource(path), Operation.READ)
     known = stream_ids.get(path)
-    if known is None:
-        known = (await reads.stream_meta(path, touch=True)).id
-        stream_ids.note(path, known)
-    async with hub.subscribe(known) as subscription, live_reader(mode):
-        subscription.arm()
-        meta, result = await _open_read(path, start)
-        if meta.id == known:
-            yield subscription, meta, result
-            return
+    if known is not None:
+        async with hub.subscribe(known) as subscription, live_reader(mode):
+            subscription.arm()
+            meta, result = await _open_read(path, start)
+            if meta.id == known:
+                yield subscription, meta, result
+                return
+        offset = result.start
+    else:
+        meta = await reads.stream_meta(path, touch=True)
+        offset = start.offset or (meta.tail if start.at_tail else meta.start)
     stream_ids.note(path, meta.id)
     async with hub.subscribe(meta.id) as subscription, live_reader(mode):
         subscription.arm()
-        meta, result = await first_read(meta, result.start)
+        meta, result = await first_read(meta, offset)
         yield subscription, meta, result
 
 
@@ -176,9 +178,6 @@ class StreamIds:
         if path not in ids and len(ids) >= self.limit:
             del ids[next(iter(ids))]
         ids[path] = stream_id
-
-    def __len__(self) -> int:
-        return len(self._ids)
 
 
 # At most 4,096 paths of at most 1 KiB (streams.http.request.MAX_PATH_BYTES): a few MiB.
