@@ -6,7 +6,6 @@ runs with API keys required, so every live view goes through a signed read URL."
 from __future__ import annotations
 
 import json
-import time
 from urllib.parse import quote
 
 import httpx
@@ -110,13 +109,11 @@ def test_a_stream_tails_live_pauses_and_resumes(
     open_stream(page, keys_server, path)
     expect(messages(page)).to_have_count(1)
 
-    # Appended through the API, shown within a second, pretty-printed.
-    started = time.monotonic()
+    # Appended through the API, shown live (no reload), pretty-printed. How fast is for
+    # benchmarks (make test-browser-load), not for an assertion on a loaded machine.
     api.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps({"n": 2, "tags": ["a"]}))
     shown = messages(page).filter(has_text='"n": 2')
     shown.wait_for(timeout=5000)
-    elapsed = time.monotonic() - started
-    assert elapsed < 1.0, f"the message took {elapsed:.2f}s to appear"
     body = shown.locator("pre.body").inner_text()
     assert body == '{\n  "n": 2,\n  "tags": [\n    "a"\n  ]\n}', body
 
