@@ -166,7 +166,7 @@ def test_signed_urls_read_until_they_expire(
     with httpx.Client(timeout=10) as http:
         minted = http.post(
             f"{first.base_url}/v1/auth/signed-urls",
-            json={"stream": path, "expires_in": 3},
+            json={"stream": path, "expires_in": 60},
             headers=bearer(reader),
         )
         assert minted.status_code == 201, minted.text
@@ -197,8 +197,18 @@ def test_signed_urls_read_until_they_expire(
         )  # fmt: skip
         assert command.returncode == 0, command.stderr
         assert http.get(command.stdout.strip() + "&offset=-1").text == "first "
-        time.sleep(3.5)
-        assert http.get(url + "&offset=-1").status_code == 401
+        # One that expires in a second is refused from then on, as expired.
+        brief = http.post(
+            f"{first.base_url}/v1/auth/signed-urls",
+            json={"stream": path, "expires_in": 1},
+            headers=bearer(reader),
+        )
+        assert brief.status_code == 201, brief.text
+        deadline = time.monotonic() + 10
+        while (late := http.get(brief.json()["url"] + "&offset=-1")).status_code == 200:
+            assert time.monotonic() < deadline, "the signed URL outlived its expiry"
+            time.sleep(0.2)
+        assert late.status_code == 401 and "expired" in late.text, late.text
     params = parse_qs(urlsplit(url).query)
     assert set(params) == {"ds_key", "ds_scope", "ds_exact", "ds_expires", "ds_sig"}
 

@@ -63,11 +63,14 @@ def test_an_offset_of_the_old_stream_is_judged_against_the_new_one(
 
 
 def _append_while(client: httpx.Client, path: str, reader: threading.Thread) -> int:
-    """Append "+" every 0.2 s while ``reader`` runs, at most 5 times (about 1 s): whichever
-    append came after the reader's tail should wake it. Returns how many were appended."""
+    """Append "+" every 0.2 s while ``reader`` runs (for at most 15 s): whichever append came
+    after the reader's tail should wake it, however late its request reached the server. A
+    reader that is never woken ends on its own (a long-poll's timeout) or is still waiting
+    at the end. Returns how many were appended."""
     appended = 0
+    deadline = time.monotonic() + 15
     with httpx.Client(base_url=client.base_url, timeout=30) as writer:
-        while reader.is_alive() and appended < 5:
+        while reader.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
             done = writer.post(_url(path), content=b"+", headers=TEXT)
             assert done.status_code in (200, 204)
