@@ -77,13 +77,27 @@ def _connections(database_url: str) -> int:
 
 
 def test_django_urls_hold_a_bounded_number_of_connections(
-    start_server: Any, database_url: str
+    own_database: str, tmp_path: Path
 ) -> None:
     """Defect 4: Django-served URLs kept one connection per thread that ever served them
     (CONN_MAX_AGE under ASGI): 200 concurrent clients exhausted PostgreSQL's connections and
     172 stayed open. A bounded pool serves them now: 200 concurrent requests all succeed and
-    the process holds at most its pools' sizes."""
-    server = start_server(env={"DS_DB__DJANGO_POOL_MAX_SIZE": "4", "DS_DB__POOL_MAX_SIZE": "4"})
+    the process holds at most its pools' sizes. (A database of its own: the session's other
+    servers open and close connections to theirs meanwhile.)"""
+    env = {"DS_DB__DJANGO_POOL_MAX_SIZE": "4", "DS_DB__POOL_MAX_SIZE": "4"}
+    server = ServerProcess(own_database, env, tmp_path / "bounded.log", "uvicorn")
+    try:
+        statuses, held = _two_hundred_clients(server, own_database)
+    finally:
+        server.stop()
+    assert set(statuses) == {200}
+    # Django's pool (4) + the protocol pool (4) + the LISTEN connection, at most.
+    assert held <= 9, held
+
+
+def _two_hundred_clients(server: ServerProcess, database_url: str) -> tuple[list[int], int]:
+    """The statuses of 200 concurrent requests to Django-served URLs, and how many more
+    connections the database has after them than before."""
     before = _connections(database_url)
 
     async def run() -> list[int]:
@@ -98,9 +112,7 @@ def test_django_urls_hold_a_bounded_number_of_connections(
             return await asyncio.gather(*(one(i) for i in range(200)))
 
     statuses = asyncio.run(run())
-    assert set(statuses) == {200}
-    # Django's pool (4) + the protocol pool (4) + the LISTEN connection, at most.
-    assert _connections(database_url) - before <= 9
+    return statuses, _connections(database_url) - before
 
 
 @pytest.fixture

@@ -110,3 +110,32 @@ def test_a_waiting_request_cancelled_leaves_the_connection_in_the_pool(
         return value
 
     assert run(scenario) == 42
+
+
+def test_the_connection_given_back_last_is_lent_first(settings: Any) -> None:
+    """The pool lends its most recently used connection (pool._LastInFirstOutPool): a
+    sequence of requests keeps to one warm backend instead of taking every connection in
+    turn. Two connections lent at once and given back one after the other: the next three
+    borrowers get the second one given back, each time."""
+    settings.DS_DB_POOL_MIN_SIZE = 2
+    settings.DS_DB_POOL_MAX_SIZE = 2
+
+    async def backend(conn: Any) -> int:
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        return int(row[0])
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        first = pool.connection()
+        second = pool.connection()
+        pids = [await backend(await first.__aenter__()), await backend(await second.__aenter__())]
+        await first.__aexit__(None, None, None)
+        await second.__aexit__(None, None, None)
+        lent = []
+        for _ in range(3):
+            async with pool.connection() as conn:
+                lent.append(await backend(conn))
+        return pids, lent
+
+    pids, lent = run(scenario)
+    assert len(set(pids)) == 2
+    assert lent == [pids[1]] * 3
