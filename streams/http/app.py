@@ -84,7 +84,7 @@ async def serve(
 
     async def run() -> None:
         try:
-            check_host(headers.get(b"host"))
+            check_host(scope.get("headers", []))
             response = await handle(scope, receive, send_tracked, origin)
         except ClientDisconnected:
             return

@@ -96,9 +96,14 @@ async def read_body(receive: Receive, content_length: str | None, limit: int) ->
 _host_verdicts: dict[bytes | None, bool] = {}
 
 
-def check_host(host: bytes | None) -> None:
+def check_host(headers: list[tuple[bytes, bytes]]) -> None:
     """The Host header must name this server (``ALLOWED_HOSTS``, as Django checks it for the
-    pages it serves): URLs the server builds (Location) come from it."""
+    pages it serves): URLs the server builds (Location) come from it. More than one is
+    refused (RFC 9112 3.2): combined, they would put a host nobody checked in a URL."""
+    hosts = [value for name, value in headers if name == b"host"]
+    if len(hosts) > 1:
+        raise BadRequest("more than one Host header")
+    host = hosts[0] if hosts else None
     verdict = _host_verdicts.get(host)
     if verdict is None:
         text = host.decode("latin-1") if host else ""
