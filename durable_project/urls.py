@@ -1,12 +1,15 @@
 """URLs served by Django (everything except the lean ASGI endpoints: protocol, Yjs and the
 probes, see asgi.py)."""
 
-from typing import Any
+import threading
+from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from access import views as access_views
 from streams import api as streams_api
@@ -21,6 +24,29 @@ class SwaggerView(SpectacularSwaggerView):
         return HttpResponse(headers={"Allow": ", ".join(self.allowed_methods)})
 
 
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI schema, built once per process (per version asked for, kept for the
+    default one) under a lock. drf-spectacular's generator keeps state in module globals (the
+    view it inspects, its warnings' breadcrumbs): two requests building the schema at once in
+    Django's threads broke each other, answering 500 ("Schema generation REQUIRES a view
+    instance"), and left its state polluted for later ones. The schema is the same for every
+    request anyway."""
+
+    _built: ClassVar[dict[str | None, Any]] = {}
+    _building = threading.Lock()
+
+    def _get_schema_response(self, request: Request) -> Response:
+        version = self.api_version or request.version or self._get_version_parameter(request)
+        with SchemaView._building:
+            schema = SchemaView._built.get(version)
+            if schema is None:
+                schema = super()._get_schema_response(request).data
+                if version is None:
+                    SchemaView._built[version] = schema
+        filename = self._get_filename(request, version)  # the format asked for: json, yaml
+        return Response(schema, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+
+
 # The admin's "View site" link opens the stream console.
 admin.site.site_url = "/console/"
 
@@ -31,6 +57,6 @@ urlpatterns = [
     path("v1/state/", include("state.api.urls")),
     path("v1/auth/whoami", access_views.WhoAmI.as_view(), name="auth-whoami"),
     path("v1/auth/signed-urls", access_views.SignedUrls.as_view(), name="auth-signed-urls"),
-    path("v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
+    path("v1/schema", SchemaView.as_view(), name="openapi-schema"),
     path("v1/docs", SwaggerView.as_view(url_name="openapi-schema"), name="api-docs"),
 ]

@@ -3,6 +3,9 @@ server error, served by the real server."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import httpx
 
 
@@ -20,3 +23,25 @@ def test_options_on_the_swagger_page(client: httpx.Client) -> None:
 
 def test_options_on_the_schema(client: httpx.Client) -> None:
     assert client.options("/v1/schema").status_code == 200
+
+
+def test_the_schema_asked_for_by_many_at_once(start_server: Any) -> None:
+    """Twenty requests for the schema at once, on a server that has not built it yet, all get
+    it (drf-spectacular's generator keeps its state in globals: built by several threads at
+    once it answered 500s, "Schema generation REQUIRES a view instance"), and it is the same
+    schema for each; asked for as YAML it comes as YAML."""
+    server = start_server()
+
+    async def ask_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+            return await asyncio.gather(*(client.get("/v1/schema") for _ in range(20)))
+
+    answers = asyncio.run(ask_all())
+    assert [answer.status_code for answer in answers] == [200] * 20, [
+        answer.text[:200] for answer in answers if answer.status_code != 200
+    ]
+    assert len({answer.content for answer in answers}) == 1
+    assert "/v1/streams" in answers[0].text
+    yaml = httpx.get(f"{server.base_url}/v1/schema", params={"format": "yaml"})
+    assert yaml.status_code == 200 and yaml.text.startswith("openapi:")
+    assert ".yaml" in yaml.headers["Content-Disposition"]
