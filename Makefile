@@ -48,14 +48,15 @@ run: setup
 	@echo "Admin: create a user with '$(PY) manage.py createsuperuser', then open http://127.0.0.1:$(PORT)/admin/"
 	$(PY) manage.py runserver $(PORT)
 
-## Production server: uvicorn with uvloop and httptools, one worker per core, DEBUG off, and a
+## Production server: uvicorn with uvloop and httptools (request heads bounded:
+## durable_project/protocol.py), one worker per core, DEBUG off, and a
 ## secret key of this checkout's own (`.secret-key`, made once) unless DJANGO_SECRET_KEY is set.
 WORKERS ?= 2
 serve: setup .secret-key
 	DJANGO_DEBUG=false DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$(cat .secret-key)}" \
 	$(VENV)/bin/uvicorn durable_project.asgi:application --host 0.0.0.0 --port $(PORT) \
-		--workers $(WORKERS) --loop uvloop --http httptools --no-access-log \
-		--timeout-graceful-shutdown 10
+		--workers $(WORKERS) --loop uvloop --http durable_project.protocol:HttpToolsProtocol \
+		--no-access-log --timeout-graceful-shutdown 10
 
 .secret-key:
 	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@

@@ -293,7 +293,8 @@ class OursServer:
             [
                 sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2",
-                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                "--loop", "uvloop", "--http", "durable_project.protocol:HttpToolsProtocol",
+                "--no-access-log",
             ],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -267,7 +267,8 @@ def main() -> int:
             "prlimit", f"--nofile={nofile}:{nofile}", "--",
             sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--backlog", "4096",
-            "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            "--loop", "uvloop", "--http", "durable_project.protocol:HttpToolsProtocol",
+            "--no-access-log",
             "--timeout-graceful-shutdown", "5",
         ]  # fmt: skip
         print("server:", " ".join(command))

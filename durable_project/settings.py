@@ -201,6 +201,10 @@ DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", defau
 DS_SSE_KEEPALIVE_SECS = env.float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
 DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
+# A response message (a block of a read, an SSE event, an answer) must be taken by the client
+# within this many seconds, or the connection is cut (aborted, so what it buffered is freed):
+# a client that stops reading holds no memory for longer (streams.http.sending).
+DS_SEND_TIMEOUT_SECS = env.float("DS_SERVER__SEND_TIMEOUT_SECS", default=30.0)
 # Origins allowed by CORS: "*" or a comma-separated list.
 DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
 # A stream may hold at most this many bytes; an append past it answers 413.
@@ -211,6 +215,9 @@ DS_MAX_REQUEST_BYTES = env.int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024
 DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000)
 # A request body's next part must arrive within this many seconds (408 otherwise).
 DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
+# A request's head (request line and headers) must be complete this many seconds after it began
+# (408 otherwise), under the production command's protocol (durable_project.protocol).
+DS_HEAD_TIMEOUT_SECS = env.float("DS_HTTP__HEAD_TIMEOUT_SECS", default=30.0)
 # A catch-up response carries at most about this many bytes (always at least one message).
 # What one response holds in memory while it is sent: the messages as read, plus one block of
 # them (1 MiB) at a time joined for sending (streams.http.responses).

@@ -154,7 +154,8 @@ class ServerProcess:
             argv = [
                 sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
                 "--host", "127.0.0.1", "--port", str(self.port),
-                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                "--loop", "uvloop", "--http", "durable_project.protocol:HttpToolsProtocol",
+                "--no-access-log",
                 *(["--workers", str(workers)] if workers > 1 else []),
             ]  # fmt: skip
         elif kind == "runserver":

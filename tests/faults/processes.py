@@ -268,7 +268,8 @@ class Server:
         argv = [
             sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
-            "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            "--loop", "uvloop", "--http", "durable_project.protocol:HttpToolsProtocol",
+            "--no-access-log",
             "--timeout-graceful-shutdown", "10",
         ]  # fmt: skip
         environment = {**os.environ, **SERVER_ENV, **self.env, "DATABASE_URL": self.database_url}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 import httpx
 
@@ -49,3 +50,72 @@ def test_more_than_one_host_header_is_refused(server: ServerProcess) -> None:
             assert _status(answer) == 400, (method, target, first, answer[:200])
             assert b"evil.example" not in answer.lower().split(b"\r\n\r\n")[0]
     assert httpx.get(server.stream_url(path)).status_code == 404
+
+
+def _send_head(server: ServerProcess, head: bytes, filler: int, piece: int = 256 * 1024) -> bytes:
+    """Send ``head`` then ``filler`` bytes of one header's value, piece by piece, as long as the
+    server reads them; the answer, whatever it was and whenever it came."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head)
+        sent = 0
+        try:
+            while sent < filler:
+                sock.sendall(b"a" * min(piece, filler - sent))
+                sent += piece
+            sock.sendall(b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed the connection: its answer may still be there to read
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+def test_a_huge_request_head_is_refused_as_it_arrives(server: ServerProcess) -> None:
+    """A header of 16 MiB, to a route that sets no header limit of its own (/healthz), is
+    refused once its first MiB has arrived (431, durable_project.protocol): uvicorn read all
+    of it, with work growing with the square of its size (150 MiB stalled the worker until it
+    was killed). Heads under the bound pass, and a body sent with its head does not count."""
+    huge = _send_head(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ", 16 << 20)
+    assert huge and _status(huge) == 431, huge[:200]
+    large = _send_head(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ", 200_000)
+    assert _status(large) == 200, large[:200]
+    path = f"hostile/body-{time.time_ns()}"
+    body = b"b" * 3_000_000
+    created = _exchange(
+        server,
+        f"PUT /v1/stream/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body,
+    )
+    assert _status(created) == 201, created[:200]
+    assert len(httpx.get(server.stream_url(path), params={"offset": "-1"}).content) == len(body)
+
+
+def test_a_request_head_that_never_ends_is_refused(start_server: Any) -> None:
+    """A head sent a byte at a time, never complete, is answered 408 and its connection
+    closed once DS_HTTP__HEAD_TIMEOUT_SECS (1 s here) have passed since it began: it used to
+    hold the connection for as long as the client went on sending. The worker serves others
+    meanwhile."""
+    server = start_server(env={"DS_HTTP__HEAD_TIMEOUT_SECS": "1"})
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        deadline = time.monotonic() + 20
+        answer = b""
+        sock.settimeout(0.3)
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"z")
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            answer += chunk
+        assert httpx.get(f"{server.base_url}/healthz").status_code == 200
+    assert answer and _status(answer) == 408, answer[:200]

@@ -1,0 +1,106 @@
+"""The HTTP/1.1 protocol of the production command: uvicorn's httptools protocol with a bounded
+request head (the request line and the headers), which uvicorn does not bound.
+
+uvicorn and httptools put a request's URL and each header value together by concatenation, as
+the parts arrive: the work grows with the square of the size, on the event loop, before any
+application code sees the request. One request with a 150 MiB header stalled every connection
+of its worker for seconds, and uvicorn's supervisor killed the worker as unresponsive. A head
+may also come as slowly as its client likes: a byte every few seconds held a connection open
+for as long as the client kept sending.
+
+So a head is refused, and its connection closed, once more than ``MAX_HEAD_BYTES`` of it have
+arrived (431), and when it is not complete ``DS_HTTP__HEAD_TIMEOUT_SECS`` after it began (408).
+These are bounds on the work of the framing; the routes' own limits apply below them (the
+protocol endpoints answer 431 to more than 64 KiB of headers: streams.http.request).
+
+Run it with ``uvicorn --http durable_project.protocol:HttpToolsProtocol`` (README, Production).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.conf import settings
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
+
+# At most this much of a request's head is read: counted as it arrives, so over by at most one
+# read of the socket (256 KiB), which may begin with the end of the request before.
+MAX_HEAD_BYTES = 1024 * 1024
+
+
+class HttpToolsProtocol(UvicornHttpToolsProtocol):
+    """uvicorn's httptools protocol, refusing a request head over ``MAX_HEAD_BYTES`` or slower
+    than ``DS_HEAD_TIMEOUT_SECS``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = False  # a request's head has begun and is not complete yet
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # Counted once the parser has had the data: a read that completed the head does not
+        # count, whatever body came with it.
+        if not self._in_head or self.transport.is_closing():
+            self._head_bytes = 0
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(431, b"the request's head is too large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(
+                settings.DS_HEAD_TIMEOUT_SECS, self._head_timed_out
+            )
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The request before (pipelined) is still being answered: this head cannot be
+            # read on anyway until that answer ends, and is not late for it.
+            self._head_timer = self.loop.call_later(
+                settings.DS_HEAD_TIMEOUT_SECS, self._head_timed_out
+            )
+            return
+        self._refuse(408, b"the request's head did not arrive in time")
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _refuse(self, status: int, message: bytes) -> None:
+        """Answer ``status`` and close the connection (only close it if the answer to a
+        request before is still being sent: two answers cannot be interleaved)."""
+        self._in_head = False
+        self._stop_head_timer()
+        if self.cycle is None or self.cycle.response_complete:
+            head = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head += [
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: %d\r\n" % len(message),
+                b"connection: close\r\n\r\n",
+                message,
+            ]
+            self.transport.write(b"".join(head))
+        self.transport.close()
