@@ -3,7 +3,8 @@
 Every input the server knows to be bad is refused before it reaches the database. What slips
 through anyway (a value PostgreSQL cannot store, an index row too large) surfaces as an error
 of the statement; it is the request's fault, so it is a 4xx, never a 500, and it must not be
-confused with the database being unreachable (``pool.is_connection_failure``: 503).
+confused with the database being unreachable (``pool.is_connection_failure``: 503). A timeout
+or a lock conflict is nobody's fault: 503 with Retry-After, never 500 either.
 """
 
 from __future__ import annotations
@@ -28,4 +29,8 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
         return PayloadTooLarge(f"the request exceeds a limit of the store (SQLSTATE {sqlstate})")
     if sqlstate in ("57014", "55P03"):  # statement or lock timeout
         return ServiceUnavailable("the store is busy; retry later")
+    # A deadlock or serialization failure that retries did not get past (streams.store.
+    # conflicts): nothing was done, the request may be sent again.
+    if sqlstate in ("40P01", "40001"):
+        return ServiceUnavailable("the store is busy with conflicting writes; retry later")
     return None

@@ -17,6 +17,7 @@ from psycopg.pq import Format
 
 from streams.errors import BadRequest, Gone, NotFound, OffsetGone
 from streams.protocol.offsets import Offset
+from streams.store.conflicts import retried
 from streams.store.pool import carried, connection
 from streams.store.types import ReadResult, Retention, Segment, StreamMeta
 
@@ -124,10 +125,14 @@ _META_AND_RANGE_SQL = (
 async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
     """The stream at ``path``; ``touch`` renews a sliding TTL (reads do, HEAD does not).
     Raises NotFound (missing or expired) or Gone (soft-deleted)."""
-    async with connection() as conn:
-        cur = await conn.execute(_META_SQL, (path, touch))
-        row = await cur.fetchone()
-    return _meta(path, row)
+
+    async def attempt() -> tuple[Any, ...] | None:
+        async with connection() as conn:
+            cur = await conn.execute(_META_SQL, (path, touch))
+            return await cur.fetchone()
+
+    # The TTL's renewal and the expiry of an expired stream take row locks.
+    return _meta(path, await retried(attempt, "a read"))
 
 
 async def read_from(
@@ -144,10 +149,15 @@ async def read_from(
         "bytes": max(max_bytes, 1),
         "large": LARGE_MESSAGE_BYTES,
     }
-    async with connection() as conn:
-        cur = await conn.execute(_META_AND_RANGE_SQL, params, binary=True)
-        row = await cur.fetchone()
-        carried(conn, _data_bytes(row))
+
+    async def attempt() -> tuple[Any, ...] | None:
+        async with connection() as conn:
+            cur = await conn.execute(_META_AND_RANGE_SQL, params, binary=True)
+            row = await cur.fetchone()
+            carried(conn, _data_bytes(row))
+            return row
+
+    row = await retried(attempt, "a read")  # as stream_meta
     meta = _meta(path, row)
     assert row is not None
     start = meta.start if start is None else start

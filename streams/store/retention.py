@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from streams.protocol.offsets import Offset
+from streams.store.conflicts import retried
 from streams.store.outcomes import TRIM_ERRORS, TRIM_SUCCESSES, TrimOutcome
 from streams.store.pool import connection
 from streams.store.types import TrimResult
@@ -22,12 +24,16 @@ async def trim(path: str, before: Offset | None) -> TrimResult:
     """Drop everything of the stream at ``path`` before ``before`` (None: everything, the
     tail). Raises NotFound, Gone, or BadRequest for an offset that is not a retained position;
     an offset at or before the current start changes nothing."""
-    async with connection() as conn:
-        cur = await conn.execute(
-            "SELECT outcome, first_seq, first_pos, next_seq, next_pos FROM ds_trim(%s, %s, %s)",
-            (path, before.seq if before else None, before.pos if before else None),
-        )
-        row = await cur.fetchone()
+
+    async def attempt() -> tuple[Any, ...] | None:
+        async with connection() as conn:
+            cur = await conn.execute(
+                "SELECT outcome, first_seq, first_pos, next_seq, next_pos FROM ds_trim(%s, %s, %s)",
+                (path, before.seq if before else None, before.pos if before else None),
+            )
+            return await cur.fetchone()
+
+    row = await retried(attempt, "a trim")
     assert row is not None
     outcome = TrimOutcome(row[0])
     if outcome not in TRIM_SUCCESSES:

@@ -8,17 +8,17 @@ succeeds; data, tail, producer ledger and closure commit together.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection
 
 from streams.errors import OffsetGone, ProtocolError
 from streams.protocol.offsets import Offset
 from streams.store import prepared
+from streams.store.conflicts import retried
 from streams.store.outcomes import (
     APPEND_SUCCESSES,
     CREATE_ERRORS,
@@ -75,11 +75,6 @@ APPEND_STREAMS = prepared.Statement(
 )
 
 
-# A deadlock or serialization failure aborts the whole one-statement transaction; running the
-# statement again is safe. Lock order (stream rows, then the __registry__ row) makes them rare.
-RETRIES = 5
-
-
 async def _execute(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
     async def execute(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
         cur = await conn.execute(sql, params)
@@ -100,18 +95,14 @@ async def _retried(
     size = _data_bytes(params)
     # Over BUFFER_KEEP_BYTES: on a connection reserved for large writes (streams.store.pool).
     large = size > BUFFER_KEEP_BYTES
-    for attempt in range(RETRIES):
-        try:
-            async with connection(large=large) as conn:
-                rows = await execute(conn)
-                carried(conn, size, large=large)
-                return rows
-        except (errors.DeadlockDetected, errors.SerializationFailure):
-            if attempt == RETRIES - 1:
-                raise
-            logger.warning("retrying a write after a lock conflict (attempt %d)", attempt + 1)
-            await asyncio.sleep(0.005 * (attempt + 1))
-    raise AssertionError("unreachable")
+
+    async def attempt() -> list[tuple[Any, ...]]:
+        async with connection(large=large) as conn:
+            rows = await execute(conn)
+            carried(conn, size, large=large)
+            return rows
+
+    return await retried(attempt, "a write")
 
 
 def _data_bytes(params: tuple[Any, ...] | dict[str, Any]) -> int:

@@ -81,8 +81,75 @@ BEGIN
 END;
 $$;
 
+-- Lock order. Every transaction that locks several streams' rows takes them in path order:
+-- appends and creates batched across streams (ds_append_streams, ds_create_streams), watch
+-- marks (ds_watch_streams), and a fork's removal, which updates its source's fork_refcount and
+-- may remove a chain of soft-deleted sources (ds_remove): ds_delete locks the whole chain first
+-- (ds_lock_chain). A removal that finds its stream expired holds that row already; it takes
+-- the sources only if nobody holds them (ds_lock_sources). Before this, a fork's delete took
+-- the fork's row and then its source's while a batch took them in path order: deadlocks, each
+-- costing a second (deadlock_timeout) and answering 500.
+
+-- The stream at p_path (NULL: none) with every source up its fork chain, locked in path order.
+CREATE OR REPLACE FUNCTION ds_lock_chain(p_path text) RETURNS ds_stream
+LANGUAGE plpgsql AS $$
+DECLARE
+    s ds_stream;
+    v_ids bigint[];
+BEGIN
+    LOOP
+        -- The chain read without locks: fork_source_id never changes, and a source stays
+        -- while a fork of it exists (fork_refcount). Gone by the time it is locked: again.
+        SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        v_ids := ARRAY[s.id] || ds_sources(s);
+        PERFORM 1 FROM ds_stream AS t WHERE t.id = ANY (v_ids) ORDER BY t.path FOR UPDATE;
+        SELECT * INTO s FROM ds_stream AS t WHERE t.id = v_ids[1];
+        IF FOUND THEN
+            RETURN s;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- The sources up stream s's fork chain, nearest first (empty for a stream that is no fork).
+CREATE OR REPLACE FUNCTION ds_sources(s ds_stream) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE chain (id, source, depth) AS (
+        SELECT t.id, t.fork_source_id, 1 FROM ds_stream AS t WHERE t.id = s.fork_source_id
+        UNION ALL
+        SELECT t.id, t.fork_source_id, c.depth + 1
+          FROM ds_stream AS t JOIN chain AS c ON t.id = c.source
+    )
+    SELECT coalesce(array_agg(id ORDER BY depth), '{}') FROM chain
+$$;
+
+-- Lock the sources up stream s's fork chain (s locked by the caller) if nobody else holds any
+-- of them; whether it did. Taken after s, they would break path order: never wait for them.
+CREATE OR REPLACE FUNCTION ds_lock_sources(s ds_stream) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[] := ds_sources(s);
+    v_locked int;
+BEGIN
+    IF cardinality(v_ids) = 0 THEN
+        RETURN true;
+    END IF;
+    -- Rows this transaction holds already (ds_lock_chain) are not skipped.
+    SELECT count(*) INTO v_locked
+      FROM (SELECT 1 FROM ds_stream AS t WHERE t.id = ANY (v_ids)
+             ORDER BY t.path FOR UPDATE SKIP LOCKED) AS l;
+    RETURN v_locked = cardinality(v_ids);
+END;
+$$;
+
 -- A stream gone for clients (expired, or deleted by a client), row locked by the caller:
--- removed, or soft-deleted while forks still read through it.
+-- removed, or soft-deleted while forks still read through it. A fork whose sources another
+-- transaction holds is left as it is (ds_lock_sources): expired, it answers as gone all the
+-- same, and the next access or the sweep removes it; the caller can tell by the row, still
+-- there and not deleted (ds_delete locks the chain first, so its removals always happen).
 CREATE OR REPLACE FUNCTION ds_expire(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -92,11 +159,20 @@ BEGIN
         -- Only what its forks read is kept: the rest is purged (retention.sql).
         INSERT INTO ds_purge_pending (stream_id, due_at) VALUES (s.id, now())
         ON CONFLICT (stream_id) DO UPDATE SET due_at = least(ds_purge_pending.due_at, now());
-    ELSE
+    ELSIF ds_lock_sources(s) THEN
         PERFORM ds_remove(s.id);
+    ELSE
+        RETURN;
     END IF;
     PERFORM ds_hook_deleted(s);
 END;
+$$;
+
+-- Is stream s (as read before ds_expire) still there for clients to see after ds_expire: its
+-- removal was left for later (ds_expire), though it is expired?
+CREATE OR REPLACE FUNCTION ds_expire_postponed(s ds_stream) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM ds_stream AS t WHERE t.id = s.id AND t.deleted_at IS NULL)
 $$;
 
 -- Delete on behalf of a client. A stream with forks is soft-deleted: it answers 410 and keeps
@@ -109,8 +185,9 @@ DECLARE
     s ds_stream;
     v_expired boolean;
 BEGIN
-    SELECT * INTO s FROM ds_stream WHERE path = p_path FOR UPDATE;
-    IF NOT FOUND THEN
+    -- With its sources: its removal updates them (lock order above).
+    s := ds_lock_chain(p_path);
+    IF s.id IS NULL THEN
         RETURN 'not_found';
     ELSIF s.deleted_at IS NOT NULL THEN
         RETURN 'gone';
@@ -142,7 +219,9 @@ BEGIN
          FOR UPDATE SKIP LOCKED
     LOOP
         PERFORM ds_expire(s);
-        v_count := v_count + 1;
+        IF NOT ds_expire_postponed(s) THEN
+            v_count := v_count + 1;
+        END IF;
     END LOOP;
     RETURN v_count;
 END;
@@ -184,6 +263,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- The renewal waits for a writer holding the row, not SKIP LOCKED: an idempotent PUT, a
+    -- fork's creation or a watch mark holds it without renewing the TTL, and skipping would
+    -- lose this read's renewal. It cannot deadlock: the only lock of its statement, taken last.
     IF p_touch AND s.ttl_seconds IS NOT NULL AND s.deleted_at IS NULL THEN
         UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
     END IF;
@@ -302,7 +384,10 @@ BEGIN
     SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
     IF FOUND AND src.deleted_at IS NULL AND ds_is_expired(src) THEN
         PERFORM ds_expire(src);
-        SELECT * INTO src FROM ds_stream AS t WHERE t.path = p_fork_from FOR UPDATE;
+        -- Still there when its removal was left for later (ds_expire): expired, not found.
+        SELECT * INTO src FROM ds_stream AS t
+         WHERE t.path = p_fork_from AND (t.deleted_at IS NOT NULL OR NOT ds_is_expired(t))
+           FOR UPDATE;
     END IF;
     outcome := CASE
         WHEN NOT FOUND THEN 'source_not_found'
@@ -396,6 +481,12 @@ BEGIN
         SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
         IF FOUND AND s.deleted_at IS NULL AND ds_is_expired(s) THEN
             PERFORM ds_expire(s);
+            IF ds_expire_postponed(s) THEN
+                -- An expired fork whose sources another transaction holds: the path is not
+                -- free yet. The statement is run again (streams/store/conflicts.py).
+                RAISE EXCEPTION 'expired stream % waits for its sources', p_path
+                      USING ERRCODE = 'serialization_failure';
+            END IF;
             SELECT * INTO s FROM ds_stream AS t WHERE t.path = p_path FOR UPDATE;
         END IF;
         IF FOUND THEN
@@ -528,6 +619,13 @@ DECLARE
     v_count int;
     v_created bigint[] := '{}';
 BEGIN
+    -- The existing streams every create will lock, its own and its fork source, all at once in
+    -- path order: one by one, a fork's source (locked after the fork's own path) could come
+    -- before a path locked already (lock order, ds_lock_chain).
+    PERFORM 1 FROM ds_stream AS t
+     WHERE t.path IN (SELECT e ->> 0 FROM jsonb_array_elements(p_requests) AS e
+                      UNION SELECT e ->> 6 FROM jsonb_array_elements(p_requests) AS e)
+     ORDER BY t.path FOR UPDATE;
     FOR i IN 1..jsonb_array_length(p_requests) LOOP
         r := p_requests -> (i - 1);
         v_count := (r ->> 5)::int;
