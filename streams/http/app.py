@@ -1,6 +1,6 @@
 """The ASGI application of ``/v1/stream/<path>``, and ``serve``, the request loop every lean
 endpoint shares (the Yjs endpoint too): CORS preflight, error mapping, and watching for the
-client leaving.
+client leaving or for one that stops reading (a write deadline: streams.http.sending).
 
 Channels' ``AsyncHttpConsumer`` does not notice a client that disconnects during a long
 response (channels issues 1249, 1747), so these are plain ASGI callables: a GET runs as a task,
@@ -43,13 +43,14 @@ from streams.http.responses import (
     preflight,
     send_response,
 )
+from streams.http.sending import ResponseSender
 from streams.store.failures import refusal_for
 from streams.store.pool import is_connection_failure
 
 logger = logging.getLogger(__name__)
 
 # Handles one request; returns the answer, or None when it answered itself (SSE).
-Handler = Callable[[Scope, Receive, Send, str | None], Awaitable[Response | None]]
+Handler = Callable[[Scope, Receive, ResponseSender, str | None], Awaitable[Response | None]]
 ErrorRenderer = Callable[[ProtocolError], Response]
 
 # The Allow header of a 405, here and at the Yjs endpoint: what a preflight allows.
@@ -69,37 +70,36 @@ async def serve(
     origin_bytes = headers.get(b"origin")
     origin = origin_bytes.decode("latin-1") if origin_bytes else None
     method = scope["method"].upper()
+    # Every message of the answer goes through it: a client that does not take one in time
+    # is cut off (streams.http.sending).
+    sender = ResponseSender(send, receive, scope.get("path", ""))
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")
         answer = preflight(requested.decode("latin-1") if requested else None)
-        await send_response(send, answer, origin)
+        with contextlib.suppress(ClientDisconnected):
+            await send_response(sender, answer, origin)
         return
     lifecycle.ensure_started()
-    started = False
-
-    async def send_tracked(message: dict[str, Any]) -> None:
-        nonlocal started
-        started = started or message["type"] == "http.response.start"
-        await send(message)
 
     async def run() -> None:
         try:
             check_host(scope.get("headers", []))
-            response = await handle(scope, receive, send_tracked, origin)
+            response = await handle(scope, receive, sender, origin)
         except ClientDisconnected:
             return
         except ProtocolError as error:
-            response = None if started else render_error(error)
+            response = None if sender.started else render_error(error)
         except Exception as exc:  # noqa: BLE001 - the last line: one answer, never a crash
             unexpected = _unexpected(exc, method, scope.get("path", ""))
-            response = None if started else render_error(unexpected)
-        if started:
+            response = None if sender.started else render_error(unexpected)
+        if sender.started:
             if response is None:
                 # A response that began (SSE) cannot be replaced by an error: it just ends.
-                await _end_body(send)
+                await _end_body(sender)
             return
         if response is not None:
-            await send_response(send, response, origin, head=method == "HEAD")
+            with contextlib.suppress(ClientDisconnected):
+                await send_response(sender, response, origin, head=method == "HEAD")
 
     if method == "GET":
         await _run_watching_disconnect(run(), receive)

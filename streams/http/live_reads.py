@@ -18,6 +18,7 @@ from streams.errors import BadRequest, ProtocolError
 from streams.http import render
 from streams.http.request import Request, Send
 from streams.http.responses import Response, encode_headers
+from streams.http.sending import send_by
 from streams.live import Subscription
 from streams.protocol import cursor as cursors
 from streams.protocol import sse
@@ -47,6 +48,14 @@ async def long_poll(request: Request) -> Response:
     return render.at_tail(meta, 204, cursor=cursor)
 
 
+# An SSE session reads at most this much at a time, and each read is one data event (with its
+# control event, PROTOCOL.md 5.8): what a client that stops reading pins while its send waits
+# (streams.http.sending) is one event, not a catch-up read of DS_MAX_READ_BYTES base64-encoded
+# (8 MiB: 42 MB per stalled connection, measured). A message larger than this is still one
+# event: the protocol has no offset inside a message.
+EVENT_READ_BYTES = 1024 * 1024
+
+
 async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
     """GET with ``live=sse`` (PROTOCOL.md 5.8): answers itself, as an event stream."""
     # The first read happens before the response starts, so a bad offset is still a 400.
@@ -56,6 +65,7 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
         start=_start(request),
         mode="sse",
         resource=request.resource,
+        max_bytes=EVENT_READ_BYTES,
     ) as (subscription, meta, first):
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         base64_data = not is_text_for_sse(meta.media_type)
@@ -65,7 +75,9 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
         await send(start | {"headers": encode_headers(headers, origin, None)})
 
         async def emit(chunk: bytes) -> None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # A send still waiting when the session's time is up cuts the connection.
+            message = {"type": "http.response.body", "body": chunk, "more_body": True}
+            await send_by(send, message, session.ends_at)
 
         session = SseSession(meta, first.start, emit, base64_data, request.query_value("cursor"))
         # Deleted or expired while followed, or the database gone: the event stream just ends
@@ -99,6 +111,10 @@ class SseSession:
         """Follow the stream from ``result``, the read made (armed) before the response began."""
         sent_control = False
         while True:
+            if sent_control and time.monotonic() >= self.ends_at:
+                # The interval ended during a long catch-up: the client goes on from the last
+                # control event, over a new connection.
+                return
             if result.count:
                 self.offset = result.next_offset
                 # Data and its control event go out in one write (clients and the conformance
@@ -124,7 +140,7 @@ class SseSession:
                 if not await self._wait(subscription):
                     return
             subscription.arm()
-            self.meta, result = await services.next_read(self.meta, self.offset)
+            self.meta, result = await services.next_read(self.meta, self.offset, EVENT_READ_BYTES)
 
     async def _wait(self, subscription: Subscription) -> bool:
         """Wait for a change; False when the connection should end (the reconnect interval
@@ -162,15 +178,23 @@ class SseSession:
 
 # Events encoded for one reader, kept for the others: readers of one stream are woken by the
 # same append, at the same offset, and send the same bytes (PROTOCOL.md 5.8: the data of a
-# range of messages, and a control event of offset and cursor, never change).
+# range of messages, and a control event of offset and cursor, never change). At most
+# MAX_EVENTS of them, of at most MAX_EVENT_BYTES in all: forgotten all at once when full.
 _EVENTS: dict[tuple[object, ...], bytes] = {}
 MAX_EVENTS = 512
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+_event_bytes = 0
 
 
 def _encoded(key: tuple[object, ...], encode: Callable[[], bytes]) -> bytes:
+    global _event_bytes
     event = _EVENTS.get(key)
     if event is None:
-        if len(_EVENTS) >= MAX_EVENTS:
+        event = encode()
+        if len(_EVENTS) >= MAX_EVENTS or _event_bytes + len(event) > MAX_EVENT_BYTES:
             _EVENTS.clear()
-        event = _EVENTS[key] = encode()
+            _event_bytes = 0
+        if len(event) <= MAX_EVENT_BYTES:
+            _EVENTS[key] = event
+            _event_bytes += len(event)
     return event

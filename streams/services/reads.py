@@ -48,21 +48,25 @@ async def read(
     return meta, result
 
 
-async def first_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
-    """The read of a live reader right after it subscribed (armed): from the store."""
-    return await reads.reread(
-        meta, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
-    )
+async def first_read(
+    meta: StreamMeta, offset: Offset, max_bytes: int | None = None
+) -> tuple[StreamMeta, ReadResult]:
+    """The read of a live reader right after it subscribed (armed): from the store, at most
+    ``max_bytes`` (and DS_MAX_READ_BYTES; always at least one message)."""
+    return await reads.reread(meta, offset, _read_bytes(max_bytes), settings.DS_MAX_READ_MESSAGES)
 
 
-async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadResult]:
+async def next_read(
+    meta: StreamMeta, offset: Offset, max_bytes: int | None = None
+) -> tuple[StreamMeta, ReadResult]:
     """What a woken reader reads next: data kept in memory from ``offset`` on (no database
-    round trip; streams.live), or else a re-read of the store."""
+    round trip; streams.live), or else a re-read of the store; at most ``max_bytes``, as
+    ``first_read``."""
     delivery = hub.local_delivery(
-        meta.id, offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        meta.id, offset, _read_bytes(max_bytes), settings.DS_MAX_READ_MESSAGES
     )
     if delivery is None:
-        return await first_read(meta, offset)
+        return await first_read(meta, offset, max_bytes)
     closed = delivery.closed and delivery.up_to_date
     fresh = replace(meta, tail=delivery.end, closed=closed) if delivery.up_to_date else meta
     result = ReadResult(
@@ -76,6 +80,13 @@ async def next_read(meta: StreamMeta, offset: Offset) -> tuple[StreamMeta, ReadR
     return fresh, result
 
 
+def _read_bytes(max_bytes: int | None) -> int:
+    """What a read may carry: ``max_bytes`` asked for by the caller, never more than the
+    server's DS_MAX_READ_BYTES."""
+    limit = settings.DS_MAX_READ_BYTES
+    return limit if max_bytes is None else min(max_bytes, limit)
+
+
 def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ...]:
     if not separator or len(messages) < 2:
         return tuple(messages)
@@ -84,12 +95,18 @@ def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ..
 
 @contextlib.asynccontextmanager
 async def live_read(
-    *, path: str, principal: Principal, start: ReadStart, mode: str, resource: str | None = None
+    *,
+    path: str,
+    principal: Principal,
+    start: ReadStart,
+    mode: str,
+    resource: str | None = None,
+    max_bytes: int | None = None,
 ) -> AsyncIterator[tuple[Subscription, StreamMeta, ReadResult]]:
     """Begin a live read (``mode``: long-poll or sse, PROTOCOL.md 5.7, 5.8): subscribed to
     the stream's changes and armed, the stream (TTL renewed) and its data from ``start`` (at
-    the tail: none), the start validated (400, 410). The subscription and the reader's count
-    last while the block runs.
+    the tail: none; at most ``max_bytes``, as ``first_read``), the start validated (400,
+    410). The subscription and the reader's count last while the block runs.
 
     One statement reads the stream and its data, after subscribing: the subscription needs the
     stream's id, which this process remembers from earlier reads of the path (``stream_ids``).
@@ -101,7 +118,7 @@ async def live_read(
     if known is not None:
         async with hub.subscribe(known) as subscription, live_reader(mode):
             subscription.arm()
-            meta, result = await _open_read(path, start)
+            meta, result = await _open_read(path, start, max_bytes)
             if meta.id == known:
                 yield subscription, meta, result
                 return
@@ -112,7 +129,7 @@ async def live_read(
     stream_ids.note(path, meta.id)
     async with hub.subscribe(meta.id) as subscription, live_reader(mode):
         subscription.arm()
-        meta, result = await first_read(meta, offset)
+        meta, result = await first_read(meta, offset, max_bytes)
         yield subscription, meta, result
 
 
@@ -129,14 +146,16 @@ async def long_poll(
         return await _wait_for_data(subscription, meta, result, deadline)
 
 
-async def _open_read(path: str, start: ReadStart) -> tuple[StreamMeta, ReadResult]:
+async def _open_read(
+    path: str, start: ReadStart, max_bytes: int | None
+) -> tuple[StreamMeta, ReadResult]:
     """The first read of a live reader: the stream (TTL renewed) and its data from ``start``
     (at the tail: none), the start validated (400, 410)."""
     if start.at_tail:
         meta = await reads.stream_meta(path, touch=True)
         return meta, reads.nothing_at(meta, meta.tail)
     return await reads.read_from(
-        path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        path, start.offset, _read_bytes(max_bytes), settings.DS_MAX_READ_MESSAGES
     )
 
 

@@ -1,0 +1,209 @@
+"""Clients that stop reading their response (PROTOCOL.md 5.6, 5.8, 10.2).
+
+An ASGI server's ``send`` waits for the client to take what was sent before. A client that
+never reads kept that ``send`` waiting for as long as it kept its connection, and with it the
+read being answered: an SSE catch-up over a large binary stream held 42 MB per connection
+(its first read of 8 MiB, base64-encoded, in copies), past the SSE reconnect interval, and
+after the response ended in error the connection stayed open with its buffer (uvicorn closes
+it, and a close waits for the buffer to drain). Each message must now be taken within
+``DS_SERVER__SEND_TIMEOUT_SECS``, or the connection is aborted (streams.http.sending), an SSE
+session's also by the end of its interval, and an SSE event carries at most about 1 MiB of
+data (streams.http.live_reads.EVENT_READ_BYTES).
+
+Real server, real sockets: the stalled clients ask for a tiny receive buffer and never read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import ServerProcess
+from tests.retention.support import sse_events, url
+
+SEND_TIMEOUT_SECS = 2.0
+# What "eventually" allows beyond a deadline: a loaded machine, never a measure of speed.
+MARGIN_SECS = 25.0
+MESSAGE_BYTES = 1024 * 1024
+MESSAGES = 16  # 16 MiB: far more than the kernel's buffers of a connection hold
+STALLED = 8
+BINARY = {"Content-Type": "application/octet-stream"}
+# The data an SSE event carries at most (streams.http.live_reads.EVENT_READ_BYTES).
+EVENT_READ_BYTES = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def server(start_server: object) -> Iterator[ServerProcess]:
+    env = {
+        "DS_SERVER__SEND_TIMEOUT_SECS": str(SEND_TIMEOUT_SECS),
+        "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "600",
+    }
+    process = start_server(env=env)  # type: ignore[operator]
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        yield http
+
+
+def _message(n: int) -> bytes:
+    return bytes([n]) * MESSAGE_BYTES
+
+
+@pytest.fixture(scope="module")
+def big(client: httpx.Client) -> str:
+    """A binary stream of 16 x 1 MiB (read over SSE as base64)."""
+    assert client.put(url("slow/big"), headers=BINARY).status_code == 201
+    for n in range(MESSAGES):
+        assert client.post(url("slow/big"), content=_message(n), headers=BINARY).is_success
+    return "slow/big"
+
+
+def _stalled(server: ServerProcess, path: str, query: str) -> socket.socket:
+    """A connection that asks for ``path`` and never reads the answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    request = f"GET {url(path)}?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    sock.sendall(request.encode())
+    return sock
+
+
+def _held_by_server(server: ServerProcess, socks: list[socket.socket]) -> set[int]:
+    """The client ports of ``socks`` the server process still holds a connection to."""
+    ports = {sock.getsockname()[1] for sock in socks}
+    held = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    return {c.raddr.port for c in held if c.raddr and c.raddr.port in ports}
+
+
+def _wait_held(server: ServerProcess, socks: list[socket.socket]) -> None:
+    """Wait until the server has accepted every one of ``socks``' connections."""
+    deadline = time.monotonic() + MARGIN_SECS
+    while len(_held_by_server(server, socks)) < len(socks):
+        assert time.monotonic() < deadline, "the stalled connections were never accepted"
+        time.sleep(0.1)
+
+
+def _wait_cut_off(server: ServerProcess, socks: list[socket.socket], within: float) -> float:
+    """Wait until the server holds none of ``socks``' connections; the seconds it took."""
+    began = time.monotonic()
+    while _held_by_server(server, socks):
+        if time.monotonic() - began > within:
+            held = _held_by_server(server, socks)
+            pytest.fail(f"{len(held)} stalled connections still open after {within:g}s")
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def _worker_rss(server: ServerProcess) -> int:
+    return int(psutil.Process(server.process.pid).memory_info().rss)
+
+
+def _catch_up_bytes(client: httpx.Client, path: str) -> int:
+    """Read ``path`` to its end with catch-up GETs (PROTOCOL.md 5.6); the bytes read."""
+    offset, total = "-1", 0
+    while True:
+        response = client.get(url(path), params={"offset": offset})
+        assert response.status_code == 200
+        total += len(response.content)
+        offset = response.headers["Stream-Next-Offset"]
+        if response.headers.get("Stream-Up-To-Date") == "true":
+            return total
+
+
+@pytest.mark.parametrize("query", ["offset=-1&live=sse", "offset=-1"], ids=["sse", "catch-up"])
+def test_a_client_that_never_reads_is_cut_off(
+    server: ServerProcess, client: httpx.Client, big: str, query: str
+) -> None:
+    """PROTOCOL.md 5.6, 5.8: a response nobody takes ends, and its connection with it; the
+    worker serves everyone else meanwhile."""
+    socks = [_stalled(server, big, query) for _ in range(STALLED)]
+    try:
+        # Served meanwhile, in full.
+        assert _catch_up_bytes(client, big) == MESSAGES * MESSAGE_BYTES
+        _wait_held(server, socks)
+        _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
+        assert client.head(url(big)).status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_stalled_readers_do_not_keep_the_memory_they_pinned(
+    server: ServerProcess, client: httpx.Client, big: str
+) -> None:
+    """What stalled clients' responses held is given back once they are cut off: before, each
+    SSE reader of this stream pinned about 42 MB for as long as it stayed (for ever, if
+    hostile). The worker's RSS does not fall back to where it was (glibc keeps up to 64 MiB
+    free at the top of its heap for reuse: durable_project.process), so a first round of
+    stalled readers grows the heap, and a second round must find that memory free again
+    rather than add tens of MB per client."""
+    rss = []
+    for _ in range(2):
+        socks = [_stalled(server, big, "offset=-1&live=sse") for _ in range(STALLED)]
+        try:
+            _wait_held(server, socks)
+            _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
+            rss.append(_worker_rss(server))
+        finally:
+            for sock in socks:
+                sock.close()
+    grown = rss[1] - rss[0]
+    assert grown < STALLED * 4 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB more"
+
+
+def test_sse_events_carry_at_most_about_a_mebibyte(client: httpx.Client, big: str) -> None:
+    """PROTOCOL.md 5.8: a catch-up over SSE comes in data events of at most EVENT_READ_BYTES
+    (each message is 1 MiB: one per event), each followed by its control event, and the data
+    is the stream's, in order, ending up to date."""
+    data: list[bytes] = []
+    controls: list[dict[str, object]] = []
+
+    def done(events: list[tuple[str, str]]) -> bool:
+        kind, text = events[-1]
+        return kind == "control" and json.loads(text).get("upToDate") is True
+
+    # The generator yields its one list of events, grown, after each event.
+    events = list(sse_events(client, big, "-1", until=done))[-1]
+    for (kind, text), (next_kind, next_text) in zip(events[::2], events[1::2], strict=True):
+        assert (kind, next_kind) == ("data", "control")
+        data.append(base64.b64decode(text.replace("\n", "")))
+        controls.append(json.loads(next_text))
+    assert max(map(len, data)) <= EVENT_READ_BYTES
+    assert b"".join(data) == b"".join(_message(n) for n in range(MESSAGES))
+    offsets = [str(control["streamNextOffset"]) for control in controls]
+    assert offsets == sorted(set(offsets))
+    assert all("upToDate" not in control for control in controls[:-1])
+
+
+def test_sse_reconnect_interval_holds_while_a_send_waits(
+    start_server: object, client: httpx.Client, big: str
+) -> None:
+    """PROTOCOL.md 10.2: an SSE connection ends at its reconnect interval even when the
+    client does not read what was sent (the send timeout here is far longer)."""
+    interval = 3.0
+    env = {
+        "DS_SERVER__SEND_TIMEOUT_SECS": "600",
+        "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": str(interval),
+    }
+    patient = start_server(env=env)  # type: ignore[operator]
+    try:
+        socks = [_stalled(patient, big, "offset=-1&live=sse") for _ in range(2)]
+        try:
+            _wait_held(patient, socks)
+            _wait_cut_off(patient, socks, interval + MARGIN_SECS)
+        finally:
+            for sock in socks:
+                sock.close()
+    finally:
+        patient.stop()
