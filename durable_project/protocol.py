@@ -1,5 +1,6 @@
 """The HTTP/1.1 protocol of the production command: uvicorn's httptools protocol with a bounded
-request head (the request line and the headers), which uvicorn does not bound.
+request head (the request line and the headers) and a write deadline, neither of which uvicorn
+has.
 
 uvicorn and httptools put a request's URL and each header value together by concatenation, as
 the parts arrive: the work grows with the square of the size, on the event loop, before any
@@ -13,12 +14,29 @@ arrived (431), and when it is not complete ``DS_HTTP__HEAD_TIMEOUT_SECS`` after 
 These are bounds on the work of the framing; the routes' own limits apply below them (the
 protocol endpoints answer 431 to more than 64 KiB of headers: streams.http.request).
 
+The write deadline. uvicorn writes what the application sends into the connection's buffer and
+makes the next ``send`` wait while that buffer is over its high-water mark; a client that stops
+reading, or reads a byte now and then, kept that ``send`` waiting for as long as it liked, and
+with it the response it was being sent (megabytes per connection: an 8 MiB catch-up read, an
+SSE session). So a connection whose buffer stays full for ``DS_SERVER__SEND_TIMEOUT_SECS`` is
+aborted, on every route. Aborted, not closed: a close waits for the buffer to drain, which a
+client that never reads never lets happen; an abort drops the buffer at once, and with
+``SO_LINGER`` 0 the kernel drops what it held too and resets the connection. The deadline lives
+here, on the transport, so that it holds whatever wraps the application (tracing's middleware
+wraps ``receive`` and ``send``). The application may cut a connection sooner (an SSE session
+whose interval ended while a send waited: streams.http.sending) through the ASGI extension
+``CUT`` in each request's scope.
+
 Run it with ``uvicorn --http durable_project.protocol:HttpToolsProtocol`` (README, Production).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import socket
+import struct
 from typing import Any
 
 from django.conf import settings
@@ -28,17 +46,26 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHt
 # At most this much of a request's head is read: counted as it arrives, so over by at most one
 # read of the socket (256 KiB), which may begin with the end of the request before.
 MAX_HEAD_BYTES = 1024 * 1024
+# The scope extension through which the application cuts its connection:
+# ``scope["extensions"][CUT]["cut"]()``.
+CUT = "durable_streams.cut"
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+logger = logging.getLogger(__name__)
 
 
 class HttpToolsProtocol(UvicornHttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a request head over ``MAX_HEAD_BYTES`` or slower
-    than ``DS_HEAD_TIMEOUT_SECS``."""
+    than ``DS_HEAD_TIMEOUT_SECS``, and cutting a connection whose client has not taken what was
+    written to it for ``DS_SEND_TIMEOUT_SECS``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = False  # a request's head has begun and is not complete yet
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -63,11 +90,47 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._stop_head_timer()
+        self.scope.setdefault("extensions", {})[CUT] = {"cut": self.cut}
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer went over its high-water mark: the client has until the
+        deadline to take enough of it."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                settings.DS_SEND_TIMEOUT_SECS, self._write_timed_out
+            )
+
+    def resume_writing(self) -> None:
+        self._stop_write_timer()
+        super().resume_writing()
+
+    def cut(self) -> None:
+        """Abort the connection, dropping what it buffered (a pending ``send`` returns, and
+        ``receive`` reports the client gone)."""
+        self._stop_write_timer()
+        with contextlib.suppress(OSError, AttributeError, TypeError):
+            self.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET
+            )
+        self.transport.abort()
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        path = self.scope.get("path", "") if self.cycle is not None else ""
+        logger.info("cut a connection that did not take its response in time: %s", path)
+        self.cut()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

@@ -201,9 +201,9 @@ DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", defau
 DS_SSE_KEEPALIVE_SECS = env.float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
 DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
-# A response message (a block of a read, an SSE event, an answer) must be taken by the client
-# within this many seconds, or the connection is cut (aborted, so what it buffered is freed):
-# a client that stops reading holds no memory for longer (streams.http.sending).
+# A connection whose client has not taken what was written to it (its buffer over the
+# high-water mark) for this many seconds is cut (aborted, so what it buffered is freed): a
+# client that stops reading holds no memory for longer (durable_project.protocol).
 DS_SEND_TIMEOUT_SECS = env.float("DS_SERVER__SEND_TIMEOUT_SECS", default=30.0)
 # Origins allowed by CORS: "*" or a comma-separated list.
 DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])

@@ -24,6 +24,7 @@ from streams.http import app as streams_app
 from streams.http import handlers, render
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
+from streams.http.sending import ResponseSender
 from streams.protocol.headers import is_true, parse_append_headers
 from streams.store import reads
 from streams.store.types import AppendResult
@@ -103,7 +104,7 @@ async def _principal(request: Request, service: str) -> Principal:
 
 
 async def _handle(
-    scope: Scope, receive: Receive, send: Send, origin: str | None
+    scope: Scope, receive: Receive, send: ResponseSender, origin: str | None
 ) -> Response | None:
     request = request_for(scope, receive, path="")
     doc = parse_doc_url(request.raw_path)
@@ -132,7 +133,7 @@ async def yjs_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _document(
-    request: Request, send: Send, origin: str | None, doc: DocRef
+    request: Request, send: ResponseSender, origin: str | None, doc: DocRef
 ) -> Response | None:
     match request.method:
         case "GET":
@@ -240,7 +241,7 @@ def _check_body(body: bytes) -> None:
 
 
 async def _awareness(
-    request: Request, send: Send, origin: str | None, doc: DocRef, name: str
+    request: Request, send: ResponseSender, origin: str | None, doc: DocRef, name: str
 ) -> Response | None:
     try:
         match request.method:

@@ -1,6 +1,7 @@
 """The ASGI application of ``/v1/stream/<path>``, and ``serve``, the request loop every lean
 endpoint shares (the Yjs endpoint too): CORS preflight, error mapping, and watching for the
-client leaving or for one that stops reading (a write deadline: streams.http.sending).
+client leaving. (A client that stops reading is cut off by the production protocol's write
+deadline: durable_project.protocol.)
 
 Channels' ``AsyncHttpConsumer`` does not notice a client that disconnects during a long
 response (channels issues 1249, 1747), so these are plain ASGI callables: a GET runs as a task,
@@ -70,9 +71,8 @@ async def serve(
     origin_bytes = headers.get(b"origin")
     origin = origin_bytes.decode("latin-1") if origin_bytes else None
     method = scope["method"].upper()
-    # Every message of the answer goes through it: a client that does not take one in time
-    # is cut off (streams.http.sending).
-    sender = ResponseSender(send, receive, scope.get("path", ""))
+    # Every message of the answer goes through it (streams.http.sending).
+    sender = ResponseSender(send, scope)
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")
         answer = preflight(requested.decode("latin-1") if requested else None)
@@ -150,7 +150,7 @@ async def _run_watching_disconnect(work: Coroutine[Any, Any, None], receive: Rec
             await watcher
 
 
-async def handle_get(request: Request, send: Send, origin: str | None) -> Response | None:
+async def handle_get(request: Request, send: ResponseSender, origin: str | None) -> Response | None:
     """GET: a catch-up read, a long-poll, or an SSE stream (which answers itself)."""
     live = request.query_value("live")
     if live == "sse":
@@ -180,7 +180,7 @@ async def handle_other(request: Request) -> Response:
 
 
 async def _handle_stream(
-    scope: Scope, receive: Receive, send: Send, origin: str | None
+    scope: Scope, receive: Receive, send: ResponseSender, origin: str | None
 ) -> Response | None:
     request = build_request(scope, receive, handlers.STREAM_ROUTE)
     request.principal = await authenticate(request.header("authorization"), request.query)

@@ -16,9 +16,9 @@ from django.conf import settings
 from streams import services
 from streams.errors import BadRequest, ProtocolError
 from streams.http import render
-from streams.http.request import Request, Send
+from streams.http.request import Request
 from streams.http.responses import Response, encode_headers
-from streams.http.sending import send_by
+from streams.http.sending import ResponseSender
 from streams.live import Subscription
 from streams.protocol import cursor as cursors
 from streams.protocol import sse
@@ -56,7 +56,7 @@ async def long_poll(request: Request) -> Response:
 EVENT_READ_BYTES = 1024 * 1024
 
 
-async def server_sent_events(request: Request, send: Send, origin: str | None) -> None:
+async def server_sent_events(request: Request, send: ResponseSender, origin: str | None) -> None:
     """GET with ``live=sse`` (PROTOCOL.md 5.8): answers itself, as an event stream."""
     # The first read happens before the response starts, so a bad offset is still a 400.
     async with services.live_read(
@@ -77,7 +77,7 @@ async def server_sent_events(request: Request, send: Send, origin: str | None) -
         async def emit(chunk: bytes) -> None:
             # A send still waiting when the session's time is up cuts the connection.
             message = {"type": "http.response.body", "body": chunk, "more_body": True}
-            await send_by(send, message, session.ends_at)
+            await send(message, until=session.ends_at)
 
         session = SseSession(meta, first.start, emit, base64_data, request.query_value("cursor"))
         # Deleted or expired while followed, or the database gone: the event stream just ends

@@ -148,24 +148,15 @@ async def send_response(
         }
     )
     body = b"" if head or response.status in (204, 304) else response.body
-    blocks = iter((body,)) if isinstance(body, bytes) else _blocks(body)
+    if isinstance(body, bytes):
+        await send({"type": "http.response.body", "body": body})
+        return
+    blocks = _blocks(body)
     block = next(blocks)
     for following in blocks:
         await send({"type": "http.response.body", "body": block, "more_body": True})
         block = following
-    if len(block) <= DRAINED_BYTES:
-        await send({"type": "http.response.body", "body": block, "more_body": False})
-        return
-    # The server's send of a message waits for the one before to drain, under the write
-    # deadline (streams.http.sending): ended by an empty message, a large answer's last block
-    # is taken by the client in time, or the connection is cut, instead of staying buffered
-    # for as long as a client that never reads keeps its connection.
-    await send({"type": "http.response.body", "body": block, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-# A last block of more than this is waited for (uvicorn's flow control pauses above 64 KiB).
-DRAINED_BYTES = 64 * 1024
+    await send({"type": "http.response.body", "body": block, "more_body": False})
 
 
 # A large read's pieces (its messages) go out joined into blocks of about this many bytes.

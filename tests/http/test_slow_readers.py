@@ -5,10 +5,11 @@ never reads kept that ``send`` waiting for as long as it kept its connection, an
 read being answered: an SSE catch-up over a large binary stream held 42 MB per connection
 (its first read of 8 MiB, base64-encoded, in copies), past the SSE reconnect interval, and
 after the response ended in error the connection stayed open with its buffer (uvicorn closes
-it, and a close waits for the buffer to drain). Each message must now be taken within
-``DS_SERVER__SEND_TIMEOUT_SECS``, or the connection is aborted (streams.http.sending), an SSE
-session's also by the end of its interval, and an SSE event carries at most about 1 MiB of
-data (streams.http.live_reads.EVENT_READ_BYTES).
+it, and a close waits for the buffer to drain). Now a connection whose client leaves its
+buffer full for ``DS_SERVER__SEND_TIMEOUT_SECS`` is aborted, on every route
+(durable_project.protocol), an SSE session's also at the end of its interval
+(streams.http.sending), and an SSE event carries at most about 1 MiB of data
+(streams.http.live_reads.EVENT_READ_BYTES).
 
 Real server, real sockets: the stalled clients ask for a tiny receive buffer and never read.
 """
@@ -35,17 +36,20 @@ MESSAGE_BYTES = 1024 * 1024
 MESSAGES = 16  # 16 MiB: far more than the kernel's buffers of a connection hold
 STALLED = 8
 BINARY = {"Content-Type": "application/octet-stream"}
+JSON = {"Content-Type": "application/json"}
 # The data an SSE event carries at most (streams.http.live_reads.EVENT_READ_BYTES).
 EVENT_READ_BYTES = 1024 * 1024
 
 
+PATIENT = {
+    "DS_SERVER__SEND_TIMEOUT_SECS": str(SEND_TIMEOUT_SECS),
+    "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "600",
+}
+
+
 @pytest.fixture(scope="module")
 def server(start_server: object) -> Iterator[ServerProcess]:
-    env = {
-        "DS_SERVER__SEND_TIMEOUT_SECS": str(SEND_TIMEOUT_SECS),
-        "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "600",
-    }
-    process = start_server(env=env)  # type: ignore[operator]
+    process = start_server(env=PATIENT)  # type: ignore[operator]
     yield process
     process.stop()
 
@@ -70,11 +74,16 @@ def big(client: httpx.Client) -> str:
 
 
 def _stalled(server: ServerProcess, path: str, query: str) -> socket.socket:
-    """A connection that asks for ``path`` and never reads the answer."""
+    """A connection that asks for stream ``path`` and never reads the answer."""
+    return _stalled_at(server, f"{url(path)}?{query}")
+
+
+def _stalled_at(server: ServerProcess, target: str) -> socket.socket:
+    """A connection that asks for ``target`` and never reads the answer."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
-    request = f"GET {url(path)}?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    request = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     sock.sendall(request.encode())
     return sock
 
@@ -207,3 +216,46 @@ def test_sse_reconnect_interval_holds_while_a_send_waits(
                 sock.close()
     finally:
         patient.stop()
+
+
+def test_a_client_that_never_reads_is_cut_off_behind_middleware(
+    start_server: object, client: httpx.Client, big: str
+) -> None:
+    """The deadline holds whatever wraps the application: tracing's ASGI middleware wraps
+    ``receive`` and ``send``, and a deadline that found the connection through them could not
+    cut it (the stalled readers stayed for as long as they liked)."""
+    traced = start_server(env=PATIENT | {"OTEL_TRACES_EXPORTER": "console"})  # type: ignore[operator]
+    try:
+        socks = [_stalled(traced, big, query) for query in ("offset=-1", "offset=-1&live=sse")]
+        try:
+            _wait_held(traced, socks)
+            _wait_cut_off(traced, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
+        finally:
+            for sock in socks:
+                sock.close()
+    finally:
+        traced.stop()
+
+
+def test_a_client_that_never_reads_a_django_answer_is_cut_off(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """The deadline is the connection's, not the protocol endpoints': a page of the state API
+    (a Django view, 8 MiB of entities) that its client never reads is cut off too."""
+    path = "slow/state"
+    value = "v" * MESSAGE_BYTES
+    assert client.put(url(path), headers=JSON).status_code == 201
+    for n in range(8):
+        event = {"type": "big", "key": str(n), "value": value, "headers": {"operation": "insert"}}
+        assert client.post(url(path), headers=JSON, content=json.dumps([event])).is_success
+    assert client.post("/v1/state/streams", json={"stream": path}).status_code == 201
+    target = f"/v1/state/entities?stream={path}&page_size=100"
+    assert len(client.get(target).content) > 8 * MESSAGE_BYTES
+    socks = [_stalled_at(server, target) for _ in range(2)]
+    try:
+        _wait_held(server, socks)
+        _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
+        assert client.head(url(path)).status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
