@@ -223,7 +223,9 @@ def test_a_stale_generation_is_fenced_after_its_lease_expired(
     callback is FENCED (it cannot move the cursor)."""
     receiver = start(receivers)
     sub = f"{prefix}-lease"
-    subscribe(client, sub, receiver, pattern=f"{prefix}/*", lease_ttl_ms=1000)
+    # The second generation's callback must come within its lease too: three round trips
+    # after it arrived, which a loaded machine can stretch past a second.
+    subscribe(client, sub, receiver, pattern=f"{prefix}/*", lease_ttl_ms=3000)
     path = f"{prefix}/s"
     create(client, path, b"data")
     first, second = receiver.wait(2)[:2]
