@@ -148,10 +148,13 @@ async def send_response(
         }
     )
     body = b"" if head or response.status in (204, 304) else response.body
-    if isinstance(body, bytes):
+    if isinstance(body, bytes) and len(body) <= BLOCK_BYTES:
         await send({"type": "http.response.body", "body": body})
         return
-    blocks = _blocks(body)
+    # In blocks, also a body made in one piece (a JSON catch-up's aggregate): the write
+    # deadline (durable_project.protocol) asks a client to take what is buffered for it in
+    # time, and that is one block, not what is left of the whole answer.
+    blocks = _blocks([body] if isinstance(body, bytes) else body)
     block = next(blocks)
     for following in blocks:
         await send({"type": "http.response.body", "body": block, "more_body": True})
@@ -159,25 +162,31 @@ async def send_response(
     await send({"type": "http.response.body", "body": block, "more_body": False})
 
 
-# A large read's pieces (its messages) go out joined into blocks of about this many bytes.
+# A large answer goes out in blocks of this many bytes (its pieces joined, or cut).
 BLOCK_BYTES = 1024 * 1024
 
 
-def _blocks(pieces: list[bytes | memoryview]) -> Iterator[bytes]:
-    """``pieces`` joined into blocks of about ``BLOCK_BYTES`` (at least one block), each made
-    as the one before it has been sent: a read's copy for sending is one block, not all of it.
-    Each body message costs the ASGI server a pass through its send path and the kernel a
-    write: sent one by one, the 64 pieces of a 4 MiB read of 64 KiB messages took 17% longer
-    than a join of them costs (docs/benchmarks.md)."""
-    group: list[bytes | memoryview] = []
+def _blocks(pieces: list[bytes | memoryview] | list[bytes]) -> Iterator[bytes]:
+    """``pieces`` joined into blocks of ``BLOCK_BYTES`` (the last one shorter; at least one
+    block), each made as the one before it has been sent: a read's copy for sending is one
+    block, not all of it, and a piece larger than a block is cut. Each body message costs the
+    ASGI server a pass through its send path and the kernel a write: sent one by one, the 64
+    pieces of a 4 MiB read of 64 KiB messages took 17% longer than a join of them costs
+    (docs/benchmarks.md)."""
+    group: list[memoryview] = []
     size = 0
     made = False
     for piece in pieces:
-        group.append(piece)
-        size += len(piece)
-        if size >= BLOCK_BYTES:
+        view = memoryview(piece)
+        while len(view) and len(view) >= BLOCK_BYTES - size:
+            room = BLOCK_BYTES - size
+            group.append(view[:room])
+            view = view[room:]
             yield b"".join(group)
             made = True
             group, size = [], 0
+        if len(view):
+            group.append(view)
+            size += len(view)
     if group or not made:
         yield b"".join(group)

@@ -39,6 +39,8 @@ BINARY = {"Content-Type": "application/octet-stream"}
 JSON = {"Content-Type": "application/json"}
 # The data an SSE event carries at most (streams.http.live_reads.EVENT_READ_BYTES).
 EVENT_READ_BYTES = 1024 * 1024
+# How fast the slow but steady reader reads (bytes per second).
+READ_RATE = 0.6 * 2**20
 
 
 PATIENT = {
@@ -259,3 +261,50 @@ def test_a_client_that_never_reads_a_django_answer_is_cut_off(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(
+    start_server: object, client: httpx.Client
+) -> None:
+    """PROTOCOL.md 5.6: the deadline is for clients that stop reading, not for slow links. A
+    client taking at most 0.6 MiB/s reads an 8 MiB catch-up of small JSON messages to its end
+    with a 5 s deadline: what the server buffers for it at a time is one block of the answer
+    (1 MiB), not what is left of the whole 8 MiB, which was cut off."""
+    patient = start_server(env={"DS_SERVER__SEND_TIMEOUT_SECS": "5"})  # type: ignore[operator]
+    try:
+        path = "slow/json"
+        item = "j" * 2000
+        assert client.put(patient.stream_url(path), headers=JSON).status_code == 201
+        for first in range(0, 4200, 600):
+            batch = [{"n": n, "pad": item} for n in range(first, first + 600)]
+            response = client.post(patient.stream_url(path), headers=JSON, json=batch)
+            assert response.is_success
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.connect(("127.0.0.1", patient.port))
+        target = patient.stream_url(path).removeprefix(patient.base_url)
+        sock.sendall(f"GET {target}?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        received = bytearray()
+        began = time.monotonic()
+        with sock:
+            while b"\r\n\r\n" not in received or len(received) < _answer_length(received):
+                chunk = sock.recv(65536)
+                assert chunk, f"cut off after {len(received)} bytes"
+                received += chunk
+                # Paced: never faster than READ_RATE.
+                time.sleep(max(0.0, began + len(received) / READ_RATE - time.monotonic()))
+        body = bytes(received).split(b"\r\n\r\n", 1)[1]
+        assert len(body) > 8_000_000
+        assert [message["n"] for message in json.loads(body)] == list(range(len(json.loads(body))))
+    finally:
+        patient.stop()
+
+
+def _answer_length(received: bytearray) -> int:
+    """The whole length of an answer whose head is in ``received`` (its Content-Length)."""
+    head, _, _ = bytes(received).partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(head) + 4 + int(value)
+    raise AssertionError("no content-length")
