@@ -238,34 +238,55 @@ def database_url(django_db_setup: None, django_db_blocker: Any) -> str:
     return _database_url(connection.settings_dict)
 
 
+# Every server the tests started, and whether the session shares it (a session-scoped fixture
+# made it). The others stop when the module that started them ends (_stop_module_servers):
+# left running, they piled up over a session, each with its pool, its LISTEN connection and
+# its periodic work (more than 20 processes and 100 database connections a third of the way).
+_SERVERS: list[tuple[ServerProcess, bool]] = []
+
+
 @pytest.fixture(scope="session")
 def start_server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Factory: ``start_server(env={...}, kind="uvicorn")`` starts a server process that is
-    stopped at the end of the session."""
+    """Factory: ``start_server(env={...}, kind="uvicorn")`` starts a server process, stopped
+    at the end of the module that started it, or of the session with ``shared=True`` (for
+    session-scoped fixtures)."""
     from django.core.management import call_command
 
     # The servers run with DEBUG off, as in production: WhiteNoise serves collected files.
     call_command("collectstatic", interactive=False, verbosity=0)
-    started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")
 
     def start(
-        env: dict[str, str | None] | None = None, kind: str = "uvicorn", workers: int = 1
+        env: dict[str, str | None] | None = None,
+        kind: str = "uvicorn",
+        workers: int = 1,
+        *,
+        shared: bool = False,
     ) -> ServerProcess:
-        log = logs / f"server-{len(started)}.log"
+        log = logs / f"server-{len(_SERVERS)}.log"
         server = ServerProcess(database_url, env or {}, log, kind, workers)
-        started.append(server)
+        _SERVERS.append((server, shared))
         return server
 
     yield start
-    for server in started:
+    for server, _ in _SERVERS:
         server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_module_servers() -> Iterator[None]:
+    """The servers a module started stop when it ends, but those the session shares."""
+    first = len(_SERVERS)
+    yield
+    for server, shared in _SERVERS[first:]:
+        if not shared:
+            server.stop()
 
 
 @pytest.fixture(scope="session")
 def server(start_server: Any) -> ServerProcess:
     """The shared server most tests use."""
-    return start_server()
+    return start_server(shared=True)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tests.conftest import ServerProcess, manage
 def keys_server(start_server: Any) -> ServerProcess:
     """A server that requires API keys, as in production: the console's pages must follow
     streams through signed read URLs."""
-    return start_server(env={"DS_AUTH__MODE": "keys"})
+    return start_server(env={"DS_AUTH__MODE": "keys"}, shared=True)
 
 
 @pytest.fixture(scope="session")

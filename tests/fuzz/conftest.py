@@ -51,7 +51,7 @@ _started: list[Any] = []
 
 @pytest.fixture(scope="session")
 def fuzz_server(start_server: Any) -> Any:
-    server = start_server(env=FUZZ_SERVER_ENV)
+    server = start_server(env=FUZZ_SERVER_ENV, shared=True)
     _started.append(server)
     return server
 

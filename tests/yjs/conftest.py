@@ -15,4 +15,4 @@ def compacting_servers(start_server: Any) -> tuple[Any, Any]:
     COMPACTION_THRESHOLD bytes of updates: the compaction, provider and multiprocess tests
     share them (each test uses its own documents)."""
     env = {"YJS_COMPACTION_THRESHOLD_BYTES": str(COMPACTION_THRESHOLD)}
-    return start_server(env=env), start_server(env=env)
+    return start_server(env=env, shared=True), start_server(env=env, shared=True)
