@@ -105,15 +105,29 @@ def _wait_held(server: ServerProcess, socks: list[socket.socket]) -> None:
         time.sleep(0.1)
 
 
-def _wait_cut_off(server: ServerProcess, socks: list[socket.socket], within: float) -> float:
-    """Wait until the server holds none of ``socks``' connections; the seconds it took."""
+def _wait_cut_off(server: ServerProcess, socks: list[socket.socket], within: float) -> None:
+    """Wait until the server holds none of ``socks``' connections."""
     began = time.monotonic()
     while _held_by_server(server, socks):
         if time.monotonic() - began > within:
             held = _held_by_server(server, socks)
             pytest.fail(f"{len(held)} stalled connections still open after {within:g}s")
         time.sleep(0.2)
-    return time.monotonic() - began
+
+
+def _expect_cut_off(
+    server: ServerProcess,
+    socks: list[socket.socket],
+    within: float = SEND_TIMEOUT_SECS + MARGIN_SECS,
+) -> None:
+    """Wait until the server has accepted every one of ``socks``' connections, then until it
+    has cut them all off (within ``within`` seconds); the sockets are closed either way."""
+    try:
+        _wait_held(server, socks)
+        _wait_cut_off(server, socks, within)
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _worker_rss(server: ServerProcess) -> int:
@@ -139,15 +153,10 @@ def test_a_client_that_never_reads_is_cut_off(
     """PROTOCOL.md 5.6, 5.8: a response nobody takes ends, and its connection with it; the
     worker serves everyone else meanwhile."""
     socks = [_stalled(server, big, query) for _ in range(STALLED)]
-    try:
-        # Served meanwhile, in full.
-        assert _catch_up_bytes(client, big) == MESSAGES * MESSAGE_BYTES
-        _wait_held(server, socks)
-        _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
-        assert client.head(url(big)).status_code == 200
-    finally:
-        for sock in socks:
-            sock.close()
+    # Served meanwhile, in full.
+    assert _catch_up_bytes(client, big) == MESSAGES * MESSAGE_BYTES
+    _expect_cut_off(server, socks)
+    assert client.head(url(big)).status_code == 200
 
 
 def test_stalled_readers_do_not_keep_the_memory_they_pinned(
@@ -161,14 +170,10 @@ def test_stalled_readers_do_not_keep_the_memory_they_pinned(
     rather than add tens of MB per client."""
     rss = []
     for _ in range(2):
-        socks = [_stalled(server, big, "offset=-1&live=sse") for _ in range(STALLED)]
-        try:
-            _wait_held(server, socks)
-            _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
-            rss.append(_worker_rss(server))
-        finally:
-            for sock in socks:
-                sock.close()
+        _expect_cut_off(
+            server, [_stalled(server, big, "offset=-1&live=sse") for _ in range(STALLED)]
+        )
+        rss.append(_worker_rss(server))
     grown = rss[1] - rss[0]
     assert grown < STALLED * 4 * 1024 * 1024, f"RSS grew by {grown / 2**20:.0f} MiB more"
 
@@ -210,12 +215,7 @@ def test_sse_reconnect_interval_holds_while_a_send_waits(
     patient = start_server(env=env)  # type: ignore[operator]
     try:
         socks = [_stalled(patient, big, "offset=-1&live=sse") for _ in range(2)]
-        try:
-            _wait_held(patient, socks)
-            _wait_cut_off(patient, socks, interval + MARGIN_SECS)
-        finally:
-            for sock in socks:
-                sock.close()
+        _expect_cut_off(patient, socks, interval + MARGIN_SECS)
     finally:
         patient.stop()
 
@@ -229,12 +229,7 @@ def test_a_client_that_never_reads_is_cut_off_behind_middleware(
     traced = start_server(env=PATIENT | {"OTEL_TRACES_EXPORTER": "console"})  # type: ignore[operator]
     try:
         socks = [_stalled(traced, big, query) for query in ("offset=-1", "offset=-1&live=sse")]
-        try:
-            _wait_held(traced, socks)
-            _wait_cut_off(traced, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
-        finally:
-            for sock in socks:
-                sock.close()
+        _expect_cut_off(traced, socks)
     finally:
         traced.stop()
 
@@ -253,14 +248,8 @@ def test_a_client_that_never_reads_a_django_answer_is_cut_off(
     assert client.post("/v1/state/streams", json={"stream": path}).status_code == 201
     target = f"/v1/state/entities?stream={path}&page_size=100"
     assert len(client.get(target).content) > 8 * MESSAGE_BYTES
-    socks = [_stalled_at(server, target) for _ in range(2)]
-    try:
-        _wait_held(server, socks)
-        _wait_cut_off(server, socks, SEND_TIMEOUT_SECS + MARGIN_SECS)
-        assert client.head(url(path)).status_code == 200
-    finally:
-        for sock in socks:
-            sock.close()
+    _expect_cut_off(server, [_stalled_at(server, target) for _ in range(2)])
+    assert client.head(url(path)).status_code == 200
 
 
 def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(
