@@ -96,6 +96,9 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
         self._stop_write_timer()
+        if self.scope is not None:
+            # The extension refers back to this protocol: a cycle the collector would free late.
+            self.scope.get("extensions", {}).pop(CUT, None)
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -115,7 +118,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         """Abort the connection, dropping what it buffered (a pending ``send`` returns, and
         ``receive`` reports the client gone)."""
         self._stop_write_timer()
-        with contextlib.suppress(OSError, AttributeError, TypeError):
+        # ValueError: the socket of a connection already closed has no descriptor any more.
+        with contextlib.suppress(OSError, AttributeError, TypeError, ValueError):
             self.transport.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET
             )
@@ -123,7 +127,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
-        path = self.scope.get("path", "") if self.cycle is not None else ""
+        path = self.cycle.scope.get("path", "") if self.cycle is not None else ""
         logger.info("cut a connection that did not take its response in time: %s", path)
         self.cut()
 

@@ -17,7 +17,7 @@ from streams import services
 from streams.errors import BadRequest, ProtocolError
 from streams.http import render
 from streams.http.request import Request
-from streams.http.responses import Response, encode_headers
+from streams.http.responses import Response, encode_headers, in_blocks
 from streams.http.sending import ResponseSender
 from streams.live import Subscription
 from streams.protocol import cursor as cursors
@@ -75,9 +75,12 @@ async def server_sent_events(request: Request, send: ResponseSender, origin: str
         await send(start | {"headers": encode_headers(headers, origin, None)})
 
         async def emit(chunk: bytes) -> None:
-            # A send still waiting when the session's time is up cuts the connection.
-            message = {"type": "http.response.body", "body": chunk, "more_body": True}
-            await send(message, until=session.ends_at)
+            # In blocks, as every large answer (an event of one large message may be tens of
+            # MiB: streams.http.responses.in_blocks). A send still waiting when the session's
+            # time is up cuts the connection.
+            for block in in_blocks(chunk):
+                message = {"type": "http.response.body", "body": block, "more_body": True}
+                await send(message, until=session.ends_at)
 
         session = SseSession(meta, first.start, emit, base64_data, request.query_value("cursor"))
         # Deleted or expired while followed, or the database gone: the event stream just ends

@@ -154,7 +154,7 @@ async def send_response(
     # In blocks, also a body made in one piece (a JSON catch-up's aggregate): the write
     # deadline (durable_project.protocol) asks a client to take what is buffered for it in
     # time, and that is one block, not what is left of the whole answer.
-    blocks = _blocks([body] if isinstance(body, bytes) else body)
+    blocks = in_blocks(body) if isinstance(body, bytes) else _blocks(body)
     block = next(blocks)
     for following in blocks:
         await send({"type": "http.response.body", "body": block, "more_body": True})
@@ -166,13 +166,22 @@ async def send_response(
 BLOCK_BYTES = 1024 * 1024
 
 
+def in_blocks(body: bytes) -> Iterator[bytes]:
+    """``body`` as it goes out: in blocks of ``BLOCK_BYTES`` when it is larger (copies of its
+    parts), else whole."""
+    if len(body) <= BLOCK_BYTES:
+        yield body
+    else:
+        yield from _blocks([body])
+
+
 def _blocks(pieces: list[bytes | memoryview] | list[bytes]) -> Iterator[bytes]:
     """``pieces`` joined into blocks of ``BLOCK_BYTES`` (the last one shorter; at least one
-    block), each made as the one before it has been sent: a read's copy for sending is one
-    block, not all of it, and a piece larger than a block is cut. Each body message costs the
-    ASGI server a pass through its send path and the kernel a write: sent one by one, the 64
-    pieces of a 4 MiB read of 64 KiB messages took 17% longer than a join of them costs
-    (docs/benchmarks.md)."""
+    block), each made as the one before it is sent (the caller holds one ahead): a read's copy
+    for sending is a block or two, not all of it, and a piece larger than a block is cut. Each
+    body message costs the ASGI server a pass through its send path and the kernel a write:
+    sent one by one, the 64 pieces of a 4 MiB read of 64 KiB messages took 17% longer than a
+    join of them costs (docs/benchmarks.md)."""
     group: list[memoryview] = []
     size = 0
     made = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -41,7 +42,7 @@ class ResponseSender:
     async def __call__(self, message: dict[str, Any], *, until: float | None = None) -> None:
         # Noted before the send: a start the server failed on may have begun the response.
         self.started = self.started or message["type"] == "http.response.start"
-        if until is None:
+        if until is None or until == math.inf:
             await self._send(message)
             return
         try:
@@ -55,7 +56,7 @@ class ResponseSender:
         """Cut the connection, dropping what it buffered. Under another server than the
         production protocol there is no way to: the application ends, and the server closes
         the connection as it does for an unfinished response."""
-        logger.info("cut a connection whose session ended in a send: %s", self._scope.get("path"))
         extension = self._scope.get("extensions", {}).get(CUT)
         if extension is not None:
+            logger.info("cut a connection whose session ended in a send: %s", self._scope["path"])
             extension["cut"]()

@@ -297,3 +297,41 @@ def _answer_length(received: bytearray) -> int:
         if name.strip().lower() == b"content-length":
             return len(head) + 4 + int(value)
     raise AssertionError("no content-length")
+
+
+def test_a_slow_sse_reader_gets_an_event_of_one_large_message(
+    server: ServerProcess, client: httpx.Client
+) -> None:
+    """PROTOCOL.md 5.8: one message is one SSE event, however large (here 16 MiB, 21 MiB once
+    base64-encoded). A client taking at most 2 MiB/s reads it whole with a 2 s deadline: the
+    event goes out in blocks too, where in one piece the client had to take all of it in time."""
+    path = "slow/huge"
+    message = bytes(range(256)) * (16 * MESSAGE_BYTES // 256)
+    assert client.put(url(path), headers=BINARY).status_code == 201
+    assert client.post(url(path), content=message, headers=BINARY).is_success
+    sock = _stalled(server, path, "offset=-1&live=sse")
+    received = bytearray()
+    began = time.monotonic()
+    with sock:
+        while b"event: control" not in received[-4096:]:
+            chunk = sock.recv(65536)
+            assert chunk, f"cut off after {len(received)} bytes"
+            received += chunk
+            time.sleep(max(0.0, began + len(received) / (2 * 2**20) - time.monotonic()))
+    body = _dechunked(bytes(received).split(b"\r\n\r\n", 1)[1])
+    data = body.split(b"event: data\n", 1)[1].split(b"\n\n", 1)[0]
+    lines = [line.removeprefix(b"data:").strip() for line in data.split(b"\n")]
+    assert base64.b64decode(b"".join(lines)) == message
+
+
+def _dechunked(body: bytes) -> bytes:
+    """The data of a chunked HTTP body (RFC 9112 7.1), as far as it arrived."""
+    data = bytearray()
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        data += rest[:size]
+        body = rest[size + 2 :]
+    return bytes(data)
