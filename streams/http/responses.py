@@ -3,7 +3,7 @@ protocol errors become HTTP answers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -154,7 +154,7 @@ async def send_response(
     # In blocks, also a body made in one piece (a JSON catch-up's aggregate): the write
     # deadline (durable_project.protocol) asks a client to take what is buffered for it in
     # time, and that is one block, not what is left of the whole answer.
-    blocks = in_blocks(body) if isinstance(body, bytes) else _blocks(body)
+    blocks = iter(in_blocks(body)) if isinstance(body, bytes) else _blocks(body)
     block = next(blocks)
     for following in blocks:
         await send({"type": "http.response.body", "body": block, "more_body": True})
@@ -166,13 +166,10 @@ async def send_response(
 BLOCK_BYTES = 1024 * 1024
 
 
-def in_blocks(body: bytes) -> Iterator[bytes]:
+def in_blocks(body: bytes) -> Iterable[bytes]:
     """``body`` as it goes out: in blocks of ``BLOCK_BYTES`` when it is larger (copies of its
-    parts), else whole."""
-    if len(body) <= BLOCK_BYTES:
-        yield body
-    else:
-        yield from _blocks([body])
+    parts), else whole (no generator: this runs for every SSE event)."""
+    return (body,) if len(body) <= BLOCK_BYTES else _blocks([body])
 
 
 def _blocks(pieces: list[bytes | memoryview] | list[bytes]) -> Iterator[bytes]:
