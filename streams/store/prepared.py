@@ -13,8 +13,10 @@ Each statement is prepared once per connection, under a name of its own (psycopg
 ``_pg3_*``), on the connections of ``streams.store.pool``, which run in autocommit mode: a
 statement is its own transaction, and the connection is idle again when its rows are read.
 An error PostgreSQL reports is raised as psycopg raises it (``psycopg.errors``), so callers
-judge it the same way. A connection left mid-statement (the caller cancelled, the socket
-failed) is closed, so the pool replaces it rather than lend it in an unknown state.
+judge it the same way. A caller cancelled mid-statement first has PostgreSQL cancel the
+statement and waits for the exchange to end (``_settle``), as psycopg does for its own; a
+connection still mid-statement then (the socket failed, no answer) is closed, so the pool
+replaces it rather than lend it in an unknown state.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ async def _execute(
 ) -> pq.abc.PGresult:
     pgconn = conn.pgconn
     values = [_encode(value) for value in params]
+    prepared = _prepared.setdefault(conn, set())
     try:
-        prepared = _prepared.setdefault(conn, set())
         if statement.name not in prepared:
             pgconn.send_prepare(statement.name, statement.sql)
             await _flush(pgconn)
@@ -98,13 +100,44 @@ async def _execute(
             await _flush(pgconn)
         result = await _result(pgconn)
     except BaseException as exc:
-        idle = pgconn.transaction_status == pq.TransactionStatus.IDLE
-        if not (isinstance(exc, errors.Error) and idle):
-            pgconn.finish()  # mid-statement: the pool replaces a closed connection
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        if cancelled:
+            await _settle(conn)
+        # Kept when idle after an error PostgreSQL reported, or after a cancelled execute (a
+        # cancelled prepare may or may not exist now); else the pool replaces it.
+        if not (
+            pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and (isinstance(exc, errors.Error) or (cancelled and statement.name in prepared))
+        ):
+            pgconn.finish()
         if isinstance(exc, OSError):
             raise OperationalError(f"connection failed: {exc}") from exc
         raise
     return result
+
+
+# How long a cancelled caller waits for PostgreSQL to end its statement (_settle).
+SETTLE_SECS = 5.0
+
+
+async def _settle(conn: AsyncConnection[Any]) -> None:
+    """The caller was cancelled mid-statement: ask PostgreSQL to cancel the statement and wait
+    for the exchange to end, as psycopg does for its own statements. Closing the connection
+    instead would leave the statement running in its backend, which notices the closed socket
+    only when it answers: an append waiting for its stream's lock would be written after the
+    appends that queued behind it meanwhile. Once settled the statement has either committed
+    or never will, and the connection is idle again. If PostgreSQL does not answer within
+    SETTLE_SECS (gone, or unreachable), the connection is closed as before."""
+    pgconn = conn.pgconn
+    if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+        return
+    try:
+        async with asyncio.timeout(SETTLE_SECS):
+            await conn.cancel_safe(timeout=SETTLE_SECS)
+            await _flush(pgconn)
+            await _result(pgconn)
+    except (errors.Error, OSError, TimeoutError):
+        pass  # cancelled as asked, failed on its own, or not answering: judged by the caller
 
 
 # Statements whose parameters are larger than this are sent in blocking mode over a Unix
