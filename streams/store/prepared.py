@@ -101,15 +101,17 @@ async def _execute(
         result = await _result(pgconn)
     except BaseException as exc:
         cancelled = isinstance(exc, asyncio.CancelledError)
-        if cancelled:
-            await _settle(conn)
-        # Kept when idle after an error PostgreSQL reported, or after a cancelled execute (a
-        # cancelled prepare may or may not exist now); else the pool replaces it.
-        if not (
-            pgconn.transaction_status == pq.TransactionStatus.IDLE
-            and (isinstance(exc, errors.Error) or (cancelled and statement.name in prepared))
-        ):
-            pgconn.finish()
+        try:
+            if cancelled:
+                await _settle(conn)
+        finally:
+            # Kept when idle after an error PostgreSQL reported, or after a cancelled execute
+            # (a cancelled prepare may or may not exist now); else the pool replaces it.
+            if not (
+                pgconn.transaction_status == pq.TransactionStatus.IDLE
+                and (isinstance(exc, errors.Error) or (cancelled and statement.name in prepared))
+            ):
+                pgconn.finish()
         if isinstance(exc, OSError):
             raise OperationalError(f"connection failed: {exc}") from exc
         raise
