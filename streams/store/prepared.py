@@ -22,6 +22,7 @@ replaces it rather than lend it in an unknown state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -118,8 +119,10 @@ async def _execute(
     return result
 
 
-# How long a cancelled caller waits for PostgreSQL to end its statement (_settle).
+# How long a cancelled caller waits for PostgreSQL to end its statement (_settle), and how
+# often it asks again meanwhile.
 SETTLE_SECS = 5.0
+RECANCEL_SECS = 0.2
 
 
 async def _settle(conn: AsyncConnection[Any]) -> None:
@@ -127,19 +130,24 @@ async def _settle(conn: AsyncConnection[Any]) -> None:
     for the exchange to end, as psycopg does for its own statements. Closing the connection
     instead would leave the statement running in its backend, which notices the closed socket
     only when it answers: an append waiting for its stream's lock would be written after the
-    appends that queued behind it meanwhile. Once settled the statement has either committed
-    or never will, and the connection is idle again. If PostgreSQL does not answer within
-    SETTLE_SECS (gone, or unreachable), the connection is closed as before."""
+    appends that queued behind it meanwhile. The request is repeated every RECANCEL_SECS: a
+    backend still reading the statement when the request arrives ignores it. Once settled the
+    statement has either committed or never will, and the connection is idle again. If
+    PostgreSQL does not answer within SETTLE_SECS (gone, or unreachable), the connection is
+    closed as before."""
     pgconn = conn.pgconn
     if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
         return
-    try:
+    # Cancelled as asked, failed on its own, or not answering: the caller judges the connection.
+    with contextlib.suppress(errors.Error, OSError, TimeoutError):
         async with asyncio.timeout(SETTLE_SECS):
-            await conn.cancel_safe(timeout=SETTLE_SECS)
-            await _flush(pgconn)
-            await _result(pgconn)
-    except (errors.Error, OSError, TimeoutError):
-        pass  # cancelled as asked, failed on its own, or not answering: judged by the caller
+            await _flush(pgconn)  # a cancel is ignored until the whole statement arrived
+            while True:
+                await conn.cancel_safe(timeout=SETTLE_SECS)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RECANCEL_SECS):
+                        await _result(pgconn)
+                        return
 
 
 # Statements whose parameters are larger than this are sent in blocking mode over a Unix

@@ -117,6 +117,22 @@ async def content(path: str) -> bytes:
     return (await reads.read_range(meta, Offset(0, 0), MAX, 1 << 20)).payload
 
 
+async def _lock_waiters(database_url: str, count: int) -> None:
+    """Until ``count`` statements of the database wait for a lock (at most 30 s)."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for _ in range(3000):
+            row = await (
+                await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).fetchone()
+            if row is not None and row[0] >= count:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} statements never waited for a lock")
+
+
 def expect(result: Any, error: type[ProtocolError], status: int, **headers: str) -> None:
     assert type(result) is error, result
     assert result.status == status
@@ -772,7 +788,7 @@ def test_a_lone_append_cancelled_mid_write_leaves_its_stream_writable(
             async with holder.transaction():
                 await holder.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", [path])
                 lone = asyncio.ensure_future(group_commit.append(append(path, b"a")))
-                await asyncio.sleep(0.3)  # it waits for the row lock
+                await _lock_waiters(database_url, 1)
                 behind = asyncio.ensure_future(group_commit.append(append(path, b"b")))
                 await asyncio.sleep(0.05)
                 lone.cancel()
