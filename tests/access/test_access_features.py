@@ -226,6 +226,7 @@ def test_rate_limited_keys_get_429_and_store_nothing(
     )
     accepted, limited = [], 0
     with httpx.Client(timeout=10) as http:
+        started = time.monotonic()
         for n in range(30):
             response = http.post(
                 first.stream_url(path), headers=TEXT | bearer(key), content=f"{n},"
@@ -236,8 +237,12 @@ def test_rate_limited_keys_get_429_and_store_nothing(
             else:
                 assert response.status_code == 204
                 accepted.append(f"{n},")
+        elapsed = time.monotonic() - started
         stored = http.get(first.stream_url(path), params={"offset": "-1"}, headers=admin).text
-    assert limited >= 20 and len(accepted) >= 5
+    # The bucket's burst of 5, and what refilled at 5/s while the requests went on (a busy
+    # machine makes them slower, not the limit looser).
+    assert 5 <= len(accepted) <= 5 + 5 * elapsed + 1, (len(accepted), elapsed)
+    assert limited >= 1
     assert stored == "".join(accepted)
 
 

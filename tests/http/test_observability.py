@@ -98,22 +98,27 @@ def test_metrics_sum_both_workers(two_workers: ServerProcess) -> None:
                 return len(await response.read())
 
     def counted(appends: int, missing: int = 0, read: int = 0) -> tuple[dict[str, float], bool]:
-        """The scrape once it counts every append (and ``missing`` 404s and ``read`` catch-up
-        bytes: each worker's figures arrive with its next snapshot), and whether both workers
-        took appends (each one's snapshot counts some; given two seconds to say so)."""
+        """The scrape once it counts every append, its answer and its duration (and ``missing``
+        404s and ``read`` catch-up bytes: each worker's figures arrive with its next snapshot,
+        and an append is counted before its answer is), and whether both workers took appends
+        (each one's snapshot counts some; given two seconds to say so)."""
         started = time.monotonic()
         deadline = started + 10
+        not_found = {"route": "stream", "method": "GET", "status": "404"}
+        answered = {"route": "stream", "method": "POST", "status": "204"}
+        expected = [
+            ("ds_appends_total", {"outcome": "appended"}, appends),
+            ("ds_http_requests_total", answered, appends),
+            ("ds_append_duration_seconds_count", {}, appends),
+            ("ds_http_requests_total", not_found, missing),
+            ("ds_catch_up_bytes_total", {}, read),
+        ]
         while True:
             after = scrape(server)
             appended = value(after, "ds_appends_total", outcome="appended")
-            not_found = {"route": "stream", "method": "GET", "status": "404"}
-            if appended - value(before, "ds_appends_total", outcome="appended") >= appends and (
-                value(after, "ds_http_requests_total", **not_found)
-                - value(before, "ds_http_requests_total", **not_found)
-                >= missing
-                and value(after, "ds_catch_up_bytes_total")
-                - value(before, "ds_catch_up_bytes_total")
-                >= read
+            if all(
+                value(after, name, **labels) - value(before, name, **labels) >= count
+                for name, labels, count in expected
             ):
                 workers = sum(_appended_in(path) > 0 for path in directory.glob("*.json"))
                 if workers >= 2 or time.monotonic() > started + 2:

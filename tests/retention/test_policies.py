@@ -85,7 +85,8 @@ def test_age_retention_drops_old_messages_and_keeps_recent_ones(
     fresh = append_all(client, stream_path, ["new-1;", "new-2;"])
     assert read_text(client, stream_path) == ("new-1;new-2;", fresh[-1])
     assert client.get(url(stream_path), params={"offset": old[0]}).status_code == 410
-    eventually(lambda: stored_seqs(pg, stream_path) == [2, 3] or None, what="purge")
+    # The old rows are deleted (the fresh ones may have aged out meanwhile on a slow machine).
+    eventually(lambda: all(seq >= 2 for seq in stored_seqs(pg, stream_path)) or None, what="purge")
 
 
 def test_policies_are_part_of_the_configuration(

@@ -866,6 +866,7 @@ def test_registration_racing_appends(server: ServerProcess, stream_path: str) ->
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         create_json_stream(client, stream_path)
     stop = threading.Event()
+    invalid_stored = threading.Event()
     registered_at: list[float] = []
     late_invalid_accepted: list[str] = []
 
@@ -882,12 +883,15 @@ def test_registration_racing_appends(server: ServerProcess, stream_path: str) ->
                     assert response.status_code in (200, 204), response.text
                 elif response.status_code != 400 and registered_at and started > registered_at[0]:
                     late_invalid_accepted.append(value)
+                elif response.status_code != 400:
+                    invalid_stored.set()
                 i += 1
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         writers = [pool.submit(writer, n) for n in range(4)]
         try:
-            time.sleep(0.3)
+            # Register once an invalid append is stored (a fixed wait could end before one).
+            assert invalid_stored.wait(30), "no invalid append was stored"
             with httpx.Client(base_url=server.base_url, timeout=30) as client:
                 body = register_ok(client, stream_path, SCHEMAS)
                 registered_at.append(time.monotonic())
