@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from pycrdt import Doc, Snapshot, get_update, merge_updates
+from pycrdt import Doc, Snapshot, get_state, get_update, merge_updates
 
 from streams.errors import BadRequest
 from yjs.framing import read_var_uint
@@ -101,10 +101,7 @@ def _read_back(snapshot: bytes) -> bytes:
 
 
 def _snapshot_of(updates: list[bytes]) -> bytes:
-    chunks = [
-        merge_updates(*updates[i : i + MERGE_CHUNK]) if len(updates) - i > 1 else updates[i]
-        for i in range(0, len(updates), MERGE_CHUNK)
-    ]
+    chunks = _chunks(updates)
     doc: Doc[Any] = Doc()
     for chunk in chunks:
         doc.apply_update(chunk)
@@ -121,6 +118,30 @@ def _snapshot_of(updates: list[bytes]) -> bytes:
         if rest[:1] != b"\x00" or not _covers(deleted, _delete_set(rest, 1)):
             pending.append(chunk)
     return merge_updates(encoded, *pending) if pending else encoded
+
+
+def _chunks(updates: list[bytes]) -> list[bytes]:
+    """``updates`` merged in chunks of MERGE_CHUNK. Yrs writes some merges it cannot decode
+    (updates each readable, and applied one after another by every client, whose merge ends
+    short of its own data): such a chunk stays as its updates, applied one by one."""
+    chunks: list[bytes] = []
+    for i in range(0, len(updates), MERGE_CHUNK):
+        part = updates[i : i + MERGE_CHUNK]
+        merged = merge_updates(*part) if len(part) > 1 else part[0]
+        if merged is part[0] or _decodes(merged):
+            chunks.append(merged)
+        else:
+            chunks.extend(part)
+    return chunks
+
+
+def _decodes(update: bytes) -> bool:
+    """Can Yrs decode ``update``? (Reading its state vector decodes all of it.)"""
+    try:
+        get_state(update)
+    except ValueError:
+        return False
+    return True
 
 
 DeleteSet = dict[int, list[tuple[int, int]]]  # client -> [(clock, length)]

@@ -1,11 +1,13 @@
 """Yjs defects the fuzzers found, each reproduced with the minimal input found.
 
-The clock gap is fixed (compaction reads pending structs correctly): a regression test. The
-other two are one remaining gap, kept as xfails: updates that are each mergeable alone, and so
-accepted, but not with what the document already holds (docs/gaps.md). The compaction records
-such a document as not compactable, once, and leaves it readable; a client rebuilding it may
-still fail on them. When a fix lands, pytest reports an XPASS: then remove the marker and the
-entry in conftest.KNOWN_DEFECTS, which keeps the fuzzers' log check from failing on it.
+The clock gap is fixed (compaction reads pending structs correctly), and updates whose merge
+breaks are refused or compact (the POST check; compaction applies a chunk Yrs cannot decode
+update by update): regression tests. The third is the remaining gap, kept as an xfail: an
+update that is mergeable alone, and so accepted, but cannot be integrated with what the
+document already holds (docs/gaps.md). The compaction records such a document as not
+compactable, once, and leaves it readable; a client rebuilding it still fails on it. When a
+fix lands, pytest reports an XPASS: then remove the marker and the entry in
+conftest.KNOWN_DEFECTS, which keeps the fuzzers' log check from failing on it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from pycrdt import Doc
 
 from tests.fuzz.test_yjs_fuzz import frame, unframe
+from tests.yjs.test_yjs_compaction import read_snapshot, wait_for_snapshot
 
 OCTET = {"Content-Type": "application/octet-stream"}
 THRESHOLD = 64
@@ -29,8 +33,7 @@ THRESHOLD = 64
 # keeps such pending structs (after a Skip): FramingError, the compaction fails.
 GAP_UPDATE = "01017a252801016d046b343230017c42140000017a0208010b01"
 # Four updates (fuzzed), each decodable and applicable one after another, whose merge
-# (merge_updates, which compaction runs on chunks of 50) yields bytes Doc.apply_update cannot
-# decode: the compaction fails.
+# (merge_updates, which compaction runs on chunks of 50) yields bytes Yrs cannot decode.
 MERGE_BREAKS = [
     "010103000401017402616200",
     "010103024403000661626162616200",
@@ -75,13 +78,32 @@ def test_compaction_of_an_update_with_a_clock_gap(compacting: Any) -> None:
     assert _compaction_failures(compacting, since) == []
 
 
-@pytest.mark.xfail(
-    strict=False, raises=AssertionError, reason="compaction merges what Yrs cannot decode"
-)
-def test_compaction_of_updates_whose_merge_breaks(compacting: Any) -> None:
+def test_updates_whose_merge_breaks(compacting: Any) -> None:
+    """The fourth update depends on the other three, and alone Yrs cannot merge it with what
+    it leaves pending: the POST check refuses it (400), as compaction could not take it. The
+    three others, accepted, compact (their chunk's merge is applied update by update when Yrs
+    cannot decode it: tests/unit/test_yjs_updates.py), and a client's initial sync rebuilds
+    exactly what they make. (Until this stop the test was an xfail that the 400 satisfied.)"""
     since = len(compacting.log_path.read_text(errors="replace").splitlines())
-    _document(compacting, MERGE_BREAKS, repeat=3)
+    accepted = MERGE_BREAKS[:3]
+    url = _document(compacting, accepted, repeat=3)
+    refused = httpx.post(url, content=frame(bytes.fromhex(MERGE_BREAKS[3])), headers=OCTET)
+    assert refused.status_code == 400, refused.text
     assert _compaction_failures(compacting, since) == []
+    rebuilt = Doc()
+    for update in accepted * 3:
+        rebuilt.apply_update(bytes.fromhex(update))
+    # A client's initial sync: the snapshot, then the updates after it.
+    with httpx.Client(base_url=compacting.base_url) as http:
+        path = urlsplit(url).path
+        token = wait_for_snapshot(http, path)
+        snapshot, next_offset = read_snapshot(http, path, token)
+        synced = Doc()
+        synced.apply_update(snapshot)
+        for update in unframe(http.get(path, params={"offset": next_offset}).content):
+            synced.apply_update(update)
+    assert synced.get_state() == rebuilt.get_state()
+    assert synced.get_update() == rebuilt.get_update()
 
 
 @pytest.mark.xfail(
