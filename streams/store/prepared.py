@@ -134,20 +134,34 @@ async def _settle(conn: AsyncConnection[Any]) -> None:
     backend still reading the statement when the request arrives ignores it. Once settled the
     statement has either committed or never will, and the connection is idle again. If
     PostgreSQL does not answer within SETTLE_SECS (gone, or unreachable), the connection is
-    closed as before."""
+    closed as before.
+
+    The waits are ``asyncio.wait`` on a task of the exchange, not ``asyncio.timeout``: the
+    caller's task is being cancelled, and before Python 3.12 a timeout inside a task with a
+    cancellation pending lets the CancelledError through instead of its TimeoutError."""
     pgconn = conn.pgconn
     if pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
         return
-    # Cancelled as asked, failed on its own, or not answering: the caller judges the connection.
-    with contextlib.suppress(errors.Error, OSError, TimeoutError):
-        async with asyncio.timeout(SETTLE_SECS):
-            await _flush(pgconn)  # a cancel is ignored until the whole statement arrived
-            while True:
-                await conn.cancel_safe(timeout=SETTLE_SECS)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(RECANCEL_SECS):
-                        await _result(pgconn)
-                        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_SECS
+    exchange = loop.create_task(_finish_exchange(pgconn))
+    try:
+        while not exchange.done() and loop.time() < deadline:
+            with contextlib.suppress(errors.Error):  # the cancel request failed: try again
+                await conn.cancel_safe(timeout=max(0.0, deadline - loop.time()))
+            await asyncio.wait({exchange}, timeout=RECANCEL_SECS)
+    finally:
+        if not exchange.done():
+            exchange.cancel()  # not answering: the caller closes the connection
+        exchange.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+
+async def _finish_exchange(pgconn: pq.abc.PGconn) -> None:
+    """Send what is left of the statement and read its results to the end. Its outcome
+    (cancelled as asked, or failed on its own) is not the cancelled caller's to report."""
+    with contextlib.suppress(errors.Error, OSError):
+        await _flush(pgconn)
+        await _result(pgconn)
 
 
 # Statements whose parameters are larger than this are sent in blocking mode over a Unix

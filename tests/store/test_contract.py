@@ -780,6 +780,32 @@ def test_a_lone_append_cancelled_mid_write_leaves_its_stream_writable(
     before the queue moves on (prepared._settle): closing its connection left it waiting for
     the lock in its backend, to be written after the appends behind it ("bac" once, in CI) or
     before them ("abc"), though the lock was never free while its caller waited."""
+    _assert_cancelled_append_not_written(path, database_url)
+
+
+def test_a_cancel_request_the_backend_ignored_is_sent_again(
+    path: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend still reading its statement ignores a cancel request: _settle asks again
+    until the statement ends. Here the first request is lost on purpose. (The first version
+    waited with ``asyncio.timeout``, which under Python 3.11 lets the pending CancelledError
+    through rather than time out: it closed the connection, and "a" was written.)"""
+    real = psycopg.AsyncConnection.cancel_safe
+    requests: list[bool] = []
+
+    async def first_lost(self: psycopg.AsyncConnection[Any], **kwargs: Any) -> None:
+        requests.append(bool(requests))
+        if len(requests) > 1:
+            await real(self, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "cancel_safe", first_lost)
+    _assert_cancelled_append_not_written(path, database_url)
+    assert requests[:2] == [False, True]
+
+
+def _assert_cancelled_append_not_written(path: str, database_url: str) -> None:
+    """Append "a" alone while the test holds the stream's row lock, queue "b" behind it,
+    cancel "a", release the lock, append "c": b and c are answered and stored, "a" never."""
 
     async def scenario() -> tuple[list[Any], int, bytes]:
         await create(path)
