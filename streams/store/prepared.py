@@ -152,8 +152,11 @@ async def _settle(conn: AsyncConnection[Any]) -> None:
             await asyncio.wait({exchange}, timeout=RECANCEL_SECS)
     finally:
         if not exchange.done():
-            exchange.cancel()  # not answering: the caller closes the connection
-        exchange.add_done_callback(lambda task: task.cancelled() or task.exception())
+            exchange.cancel()  # not answering: the caller closes the connection...
+            # ... once the task stopped waiting on its socket (whose descriptor is reused).
+            await asyncio.wait({exchange})
+        if exchange.done() and not exchange.cancelled():
+            exchange.exception()  # retrieved: what failed there is not the caller's to report
 
 
 async def _finish_exchange(pgconn: pq.abc.PGconn) -> None:
