@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from pycrdt import Doc, Snapshot, get_state, get_update, merge_updates
+from pycrdt import Doc, Snapshot, get_update, merge_updates
 
 from streams.errors import BadRequest
 from yjs.framing import read_var_uint
@@ -101,10 +101,8 @@ def _read_back(snapshot: bytes) -> bytes:
 
 
 def _snapshot_of(updates: list[bytes]) -> bytes:
-    chunks = _chunks(updates)
     doc: Doc[Any] = Doc()
-    for chunk in chunks:
-        doc.apply_update(chunk)
+    chunks = _apply_in_chunks(doc, updates)
     state = doc.get_state()
     encoded = doc.get_update()
     # The Doc's own delete set, from its snapshot encoding (delete set, then state vector).
@@ -120,28 +118,29 @@ def _snapshot_of(updates: list[bytes]) -> bytes:
     return merge_updates(encoded, *pending) if pending else encoded
 
 
-def _chunks(updates: list[bytes]) -> list[bytes]:
-    """``updates`` merged in chunks of MERGE_CHUNK. Yrs writes some merges it cannot decode
-    (updates each readable, and applied one after another by every client, whose merge ends
-    short of its own data): such a chunk stays as its updates, applied one by one."""
+def _apply_in_chunks(doc: Doc[Any], updates: list[bytes]) -> list[bytes]:
+    """Apply ``updates`` to ``doc`` merged in chunks of MERGE_CHUNK; the chunks as applied.
+    Yrs writes some merges it cannot decode (updates each readable, and applied one after
+    another by every client, whose merge ends short of its own data): such a chunk is applied
+    as its updates, one by one. Yrs decodes an update before it changes the document, so a
+    chunk it cannot decode (ValueError) left ``doc`` as it was."""
     chunks: list[bytes] = []
     for i in range(0, len(updates), MERGE_CHUNK):
         part = updates[i : i + MERGE_CHUNK]
-        merged = merge_updates(*part) if len(part) > 1 else part[0]
-        if merged is part[0] or _decodes(merged):
-            chunks.append(merged)
-        else:
+        if len(part) == 1:
+            doc.apply_update(part[0])
+            chunks.append(part[0])
+            continue
+        merged = merge_updates(*part)
+        try:
+            doc.apply_update(merged)
+        except ValueError:
+            for update in part:
+                doc.apply_update(update)
             chunks.extend(part)
+        else:
+            chunks.append(merged)
     return chunks
-
-
-def _decodes(update: bytes) -> bool:
-    """Can Yrs decode ``update``? (Reading its state vector decodes all of it.)"""
-    try:
-        get_state(update)
-    except ValueError:
-        return False
-    return True
 
 
 DeleteSet = dict[int, list[tuple[int, int]]]  # client -> [(clock, length)]
