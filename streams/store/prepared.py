@@ -85,6 +85,21 @@ async def run(
 async def _execute(
     conn: AsyncConnection[Any], statement: Statement, params: Sequence[Param]
 ) -> pq.abc.PGresult:
+    """The statement's result. A connection's prepared statements can vanish under this
+    module: psycopg sends ``DEALLOCATE ALL`` when a transaction on a connection where it
+    prepared statements of its own rolls back (an error or a cancellation inside ``async with
+    conn.transaction()``). PostgreSQL refuses to bind a statement it does not have before
+    running anything, so the statements are prepared again and it is sent once more."""
+    try:
+        return await _execute_once(conn, statement, params)
+    except errors.InvalidSqlStatementName:
+        _prepared.pop(conn, None)
+        return await _execute_once(conn, statement, params)
+
+
+async def _execute_once(
+    conn: AsyncConnection[Any], statement: Statement, params: Sequence[Param]
+) -> pq.abc.PGresult:
     pgconn = conn.pgconn
     values = [_encode(value) for value in params]
     prepared = _prepared.setdefault(conn, set())

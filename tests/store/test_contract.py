@@ -770,6 +770,35 @@ def test_a_connection_that_carried_a_large_statement_is_replaced(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+def test_an_append_after_a_transaction_rolled_back_on_its_connection(
+    path: str, settings: Any
+) -> None:
+    """psycopg answers a rollback on a connection where it prepared statements of its own with
+    DEALLOCATE ALL, which drops the append statements this store prepared there too (through
+    libpq). The next append on that connection prepares them again instead of failing (it was a
+    500: prepared statement "ds_append" does not exist)."""
+    settings.DS_DB_POOL_MAX_SIZE = 1  # one connection: every statement uses it
+
+    async def scenario() -> tuple[bytes, bool]:
+        await create(path)
+        first = await batch(path, append(path, b"a"))
+        async with pool.connection() as conn:
+            for _ in range(8):  # past psycopg's prepare threshold
+                await conn.execute("SELECT %s::int", (1,))
+            with pytest.raises(ZeroDivisionError):
+                async with conn.transaction():
+                    raise ZeroDivisionError
+            cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            dropped = (await cur.fetchone()) == (0,)
+        second = await batch(path, append(path, b"b"))
+        assert all(isinstance(r, AppendResult) for r in first + second), (first, second)
+        return await content(path), dropped
+
+    stored, dropped = run(scenario)
+    assert dropped  # what the test sets up: the connection has no prepared statement left
+    assert stored == b"ab"
+
+
 def test_a_lone_append_cancelled_mid_write_leaves_its_stream_writable(
     path: str, database_url: str
 ) -> None:
