@@ -101,9 +101,12 @@ async def append(
     producer: ProducerTuple | None = None,
     stream_seq: str | None = None,
     resource: str | None = None,
+    version: int | None = None,
 ) -> AppendResult:
     """Append (and optionally close), optionally as an idempotent producer (PROTOCOL.md 5.2).
-    Returns after the commit; raises the request's own refusal."""
+    Returns after the commit; raises the request's own refusal. ``version``: the validation
+    version of the stream the caller's own check of a byte body saw (yjs.replicas); when the
+    stream's has moved on, ValidationStale is raised at once for the caller to check again."""
     principal.require(resource or stream_resource(path), Operation.APPEND)
     values: list[Any] | None = None
     body_media: str | None = None
@@ -126,14 +129,16 @@ async def append(
         close=close,
         producer=producer,
         stream_seq=stream_seq,
+        validation_version=version,
     )
+    if values is None:
+        return await group_commit.append(request)
     for attempt in range(VALIDATION_ATTEMPTS):
-        if values is not None:
-            # The stream's extra rules (streams.extensions); if they change meanwhile, the
-            # store refuses the append as stale and it is validated again.
-            request.validation_version = await extensions.validate_json_append(
-                path, values, messages, refresh=attempt > 0
-            )
+        # The stream's extra rules (streams.extensions); if they change meanwhile, the store
+        # refuses the append as stale and it is validated again.
+        request.validation_version = await extensions.validate_json_append(
+            path, values, messages, refresh=attempt > 0
+        )
         try:
             return await group_commit.append(request)
         except ValidationStale:
