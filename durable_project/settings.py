@@ -332,6 +332,9 @@ DS_LOG_REQUESTS = env.bool("DS_LOG__REQUESTS", default=True)
 YJS_COMPACTION_THRESHOLD_BYTES = env.int("YJS_COMPACTION_THRESHOLD_BYTES", default=1024**2)
 # Awareness streams expire after this long without reads or writes (sliding TTL).
 YJS_AWARENESS_TTL_SECS = env.int("YJS_AWARENESS_TTL_SECS", default=3600)
+# Documents each process keeps a copy of, to check POSTs against the whole document
+# (yjs.replicas); the least recently written beyond this are dropped and rebuilt when written.
+YJS_CHECKED_DOCUMENTS = env.int("YJS_CHECKED_DOCUMENTS", default=64)
 # Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
 # need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
 YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from functools import partial
 
 from django.conf import settings
 
@@ -25,10 +26,10 @@ from streams.http import handlers, render
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
 from streams.http.sending import ResponseSender
-from streams.protocol.headers import is_true, parse_append_headers
+from streams.protocol.headers import AppendHeaders, is_true, parse_append_headers
 from streams.store import reads
 from streams.store.types import AppendResult
-from yjs import compaction, store
+from yjs import compaction, replicas, store
 from yjs.framing import FramingError, TooManyFrames, read_frames
 from yjs.paths import (
     SNAPSHOT,
@@ -146,10 +147,13 @@ async def _document(
         case "PUT":
             return render.created(request, await store.create_document(doc))
         case "POST":
-            body = await _update_body(request, doc)
-            response, result = await _append(request, body)
+            body, updates = await _update_body(request, doc)
+            wanted = parse_append_headers(request.header)
+            result = await replicas.append_checked(
+                doc.updates_stream, updates, len(body), partial(_store, request, body, wanted)
+            )
             compaction.after_append(result.stream_id, result.next_offset)
-            return response
+            return render.appended(result, producer=wanted.producer is not None, stored_data=True)
         case "HEAD":
             return await handlers.head(request)
         case "DELETE":
@@ -197,9 +201,10 @@ async def _refuse_close(request: Request) -> None:
         )
 
 
-async def _update_body(request: Request, doc: DocRef) -> bytes:
-    """The POST body of a document: complete lib0 frames (YJS-PROTOCOL.md 7.2) of Yjs updates
-    that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES of them (413).
+async def _update_body(request: Request, doc: DocRef) -> tuple[bytes, list[bytes]]:
+    """The POST body of a document and its updates: complete lib0 frames (YJS-PROTOCOL.md 7.2)
+    of Yjs updates that compaction can merge (yjs.updates.check_updates), at most MAX_UPDATES
+    of them (413). Whether they join the document is checked when appending (yjs.replicas).
     A body is refused only after the document is known to exist: a POST to a missing document
     is a 404 whatever its body (the base protocol's precedence, docs/gaps.md). That costs a
     query on refusals only, and before the off-loop check of a large body (no checking work
@@ -209,7 +214,7 @@ async def _update_body(request: Request, doc: DocRef) -> bytes:
     try:
         if len(body) > INLINE_CHECK_BYTES:
             await _require_document(doc)
-            await asyncio.to_thread(_check_body, body)
+            updates = await asyncio.to_thread(_checked_updates, body)
         else:
             updates = _updates_of(body)
             if len(updates) > INLINE_CHECK_UPDATES:
@@ -219,7 +224,7 @@ async def _update_body(request: Request, doc: DocRef) -> bytes:
     except (BadRequest, PayloadTooLarge):
         await _require_document(doc)
         raise
-    return body
+    return body, updates
 
 
 def _updates_of(body: bytes) -> list[bytes]:
@@ -233,8 +238,10 @@ def _updates_of(body: bytes) -> list[bytes]:
         raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
 
 
-def _check_body(body: bytes) -> None:
-    check_updates(_updates_of(body))
+def _checked_updates(body: bytes) -> list[bytes]:
+    updates = _updates_of(body)
+    check_updates(updates)
+    return updates
 
 
 # -- awareness --------------------------------------------------------------------------------
@@ -280,21 +287,22 @@ async def _awareness_body(request: Request, doc: DocRef) -> bytes:
 async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> Response:
     """Append an awareness update, creating the stream first when it does not exist (never
     created, or expired after its TTL) as long as the document exists (YJS-PROTOCOL.md 5.7)."""
-    try:
-        response, _ = await _append(request, body)
-        return response
-    except NotFound:
-        pass
-    await _require_document(doc)
-    await store.create_awareness(doc, name)
-    response, _ = await _append(request, body)
-    return response
-
-
-async def _append(request: Request, body: bytes) -> tuple[Response, AppendResult]:
-    """The base protocol's append of an already checked body to the request's stream."""
     wanted = parse_append_headers(request.header)
-    result = await services.append(
+    try:
+        result = await _store(request, body, wanted)
+    except NotFound:
+        await _require_document(doc)
+        await store.create_awareness(doc, name)
+        result = await _store(request, body, wanted)
+    return render.appended(result, producer=wanted.producer is not None, stored_data=True)
+
+
+async def _store(
+    request: Request, body: bytes, wanted: AppendHeaders, version: int | None = None
+) -> AppendResult:
+    """The base protocol's append of an already checked body to the request's stream;
+    ``version``: the stream's validation version the check saw (yjs.replicas)."""
+    return await services.append(
         path=request.path,
         principal=request.principal,
         resource=request.resource,
@@ -303,9 +311,8 @@ async def _append(request: Request, body: bytes) -> tuple[Response, AppendResult
         close=wanted.close,
         producer=wanted.producer,
         stream_seq=wanted.stream_seq,
+        version=version,
     )
-    response = render.appended(result, producer=wanted.producer is not None, stored_data=True)
-    return response, result
 
 
 async def _require_document(doc: DocRef) -> None:

@@ -118,6 +118,13 @@ def _snapshot_of(updates: list[bytes]) -> bytes:
     return merge_updates(encoded, *pending) if pending else encoded
 
 
+def apply_updates(doc: Doc[Any], updates: list[bytes]) -> None:
+    """Apply ``updates`` to ``doc`` as compaction does (merged in chunks; yields the document
+    that applying them one by one, as clients do, yields). UnmergeableUpdates when Yrs cannot
+    integrate them; ``doc`` may then be partly changed."""
+    _guarded(partial(_apply_in_chunks, doc, updates))
+
+
 def _apply_in_chunks(doc: Doc[Any], updates: list[bytes]) -> list[bytes]:
     """Apply ``updates`` to ``doc`` merged in chunks of MERGE_CHUNK; the chunks as applied.
     Yrs writes some merges it cannot decode (updates each readable, and applied one after

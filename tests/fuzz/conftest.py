@@ -34,13 +34,7 @@ FUZZ_SERVER_ENV = {
 _FAULT = re.compile(r"Traceback|unhandled error|Exception in ASGI|ERROR", re.IGNORECASE)
 # Log records of known, unfixed defects (tests/fuzz/test_known_defects.py reproduces each as an
 # xfail): counted and reported, not failed on. Remove an entry when its defect is fixed.
-KNOWN_DEFECTS = {
-    # Updates each mergeable alone, not with what the document holds (docs/gaps.md): the
-    # compaction records the document as not compactable, once.
-    "Yjs compaction fails on updates accepted one by one": re.compile(
-        r"compaction of \S+ failed: its updates before"
-    ),
-}
+KNOWN_DEFECTS: dict[str, re.Pattern[str]] = {}
 # The lines of a traceback that follows a known record.
 _TRACEBACK_LINE = re.compile(r"Traceback \(|\s|[\w.]+(Error|Exception)\b|During handling|$")
 KNOWN_SEEN: dict[str, int] = {}

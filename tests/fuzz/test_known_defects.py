@@ -1,13 +1,8 @@
-"""Yjs defects the fuzzers found, each reproduced with the minimal input found.
-
-The clock gap is fixed (compaction reads pending structs correctly), and updates whose merge
-breaks are refused or compact (the POST check; compaction applies a chunk Yrs cannot decode
-update by update): regression tests. The third is the remaining gap, kept as an xfail: an
-update that is mergeable alone, and so accepted, but cannot be integrated with what the
-document already holds (docs/gaps.md). The compaction records such a document as not
-compactable, once, and leaves it readable; a client rebuilding it still fails on it. When a
-fix lands, pytest reports an XPASS: then remove the marker and the entry in
-conftest.KNOWN_DEFECTS, which keeps the fuzzers' log check from failing on it.
+"""Yjs defects the fuzzers found, each reproduced with the minimal input found, now
+regression tests: the clock gap (compaction reads pending structs correctly), updates whose
+merge breaks (refused by the POST check, or compacted: compaction applies a chunk Yrs cannot
+decode update by update), and an update that merges alone but cannot be integrated with what
+the document holds (refused: a POST is checked against the whole document, yjs.replicas).
 """
 
 from __future__ import annotations
@@ -42,7 +37,7 @@ MERGE_BREAKS = [
 ]
 # Four updates (fuzzed), each decodable on its own, the last naming as parent an item that is
 # not a type: applying the document fails ("block parent must be deleted or shared ref type"),
-# for the compaction and for every client doing an initial sync. One POST poisons a document.
+# for the compaction and for every client doing an initial sync, had it been stored.
 PARENT_BREAKS = [
     "010104000401017408616261626162616200",
     "000104010002",
@@ -106,9 +101,6 @@ def test_updates_whose_merge_breaks(compacting: Any) -> None:
     assert synced.get_update() == rebuilt.get_update()
 
 
-@pytest.mark.xfail(
-    strict=False, raises=RuntimeError, reason="an update that cannot be integrated is accepted"
-)
 def test_an_update_that_cannot_be_applied_is_refused(compacting: Any) -> None:
     url = f"{compacting.base_url}/v1/yjs/fuzz/docs/defect-{uuid.uuid4().hex[:10]}"
     assert httpx.put(url).status_code == 201
@@ -116,9 +108,7 @@ def test_an_update_that_cannot_be_applied_is_refused(compacting: Any) -> None:
         httpx.post(url, content=frame(bytes.fromhex(u)), headers=OCTET).status_code
         for u in PARENT_BREAKS
     ]
-    # Either the server refuses the poisoning update, or the document stays readable.
-    if statuses[-1] == 400:
-        return
+    assert statuses == [204, 204, 204, 400]
     doc = Doc()
     for update in unframe(httpx.get(url, params={"offset": "-1"}).content):
         doc.apply_update(update)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from pycrdt import Doc, Text
 
 from tests.conftest import command_env, manage
@@ -622,20 +623,39 @@ def failure_record(pg: psycopg.Connection[Any], service: str, path: str) -> tupl
 
 
 def poisoned_document(
-    http: httpx.Client, service: str, pair: str, label: str
+    http: httpx.Client, pg: psycopg.Connection[Any], service: str, pair: str, label: str
 ) -> tuple[str, Written]:
-    """A document holding both updates of UNMERGEABLE_PAIRS[pair], each accepted in a POST
-    of its own, then a few valid updates: (its URL, those POSTs)."""
+    """A document holding both updates of UNMERGEABLE_PAIRS[pair], as a server stored them
+    before POSTs were checked against the whole document (the first POSTed, the second, which
+    a POST is refused now, written straight into the stream), then a few valid updates
+    POSTed: (its URL, what it holds, with the tail after each)."""
     target = doc_url(service, f"tests/{label}-{unique(pair)}")
     assert http.put(target).status_code == 201
     written = Written()
-    for update in UNMERGEABLE_PAIRS[pair]:
-        body = frame(update)
-        written.posts.append((body, post_ok(http, target, body)))
-        written.bytes_sent += len(body)
+    first, second = (frame(update) for update in UNMERGEABLE_PAIRS[pair])
+    written.posts.append((first, post_ok(http, target, first)))
+    assert_error(http.post(target, headers=OCTET, content=second), 400, "INVALID_REQUEST")
+    written.posts.append((second, stored_unchecked(pg, service, path_of(target), second)))
+    written.bytes_sent += len(first) + len(second)
     for _ in range(3):
         written.post(http, target, "small ")
     return target, written
+
+
+def stored_unchecked(pg: psycopg.Connection[Any], service: str, path: str, body: bytes) -> str:
+    """Append ``body`` to a document's update stream with the store's own SQL function (as
+    the store calls it, at the stream's current validation version), bypassing the POST's
+    checks; the new tail."""
+    stream = f"__ds/yjs/{service}/docs/{path}"
+    request = Jsonb([["application/octet-stream", False, None, None, None, None, 1, len(body)]])
+    row = pg.execute(
+        "SELECT a.outcome::text, a.next_seq, a.next_pos FROM ds_stream AS s,"
+        " ds_append(s.path, jsonb_set(%s, '{0,8}', to_jsonb(s.validation_version)),"
+        " ARRAY[%s], ARRAY[1], %s, 1000000000) AS a WHERE s.path = %s",
+        (request, len(body), body, stream),
+    ).fetchone()
+    assert row is not None and row[0] == "appended", row
+    return f"{row[1]:016d}_{row[2]:016d}"
 
 
 @pytest.mark.parametrize("pair", UNMERGEABLE_PAIRS)
@@ -647,7 +667,7 @@ def test_document_that_cannot_be_compacted_is_recorded_once(
     later appends past the threshold do not retry it, the document stays readable and
     writable without a snapshot; compact_yjs without --force reports the recorded failure
     without retrying (exit 1), with --force it retries (and fails again)."""
-    target, written = poisoned_document(http, SERVICE, pair, "poisoned")
+    target, written = poisoned_document(http, pg, SERVICE, pair, "poisoned")
     path = path_of(target)
     fill_past_threshold(http, target, written)
 
@@ -689,8 +709,8 @@ def test_command_all_goes_on_after_a_document_that_cannot_be_compacted(
     documents are compacted, and the command exits 1 naming the failed ones."""
     service = unique("cmd-poison")
     # Listed (and compacted) in path order: the broken documents first, then the good ones.
-    broken, _ = poisoned_document(http, service, "child-of-a-string", "a")
-    panicking, _ = poisoned_document(http, service, "deletion-and-huge-clock", "b")
+    broken, _ = poisoned_document(http, pg, service, "child-of-a-string", "a")
+    panicking, _ = poisoned_document(http, pg, service, "deletion-and-huge-clock", "b")
     first, first_written = small_document(http, service)
     last, last_written = small_document(http, service)
     assert sorted([last, first, panicking, broken], key=path_of)[:2] == [broken, panicking]
@@ -751,7 +771,7 @@ def test_admin_shows_documents_that_cannot_be_compacted(
     """Admin: "Compact now" on a document whose updates cannot be merged answers with the
     error (not a server error) and records it; the list filters such documents, and the
     document's page shows the error, when it happened, and why there is no preview."""
-    target, _ = poisoned_document(http, SERVICE, "child-of-a-string", "admin")
+    target, _ = poisoned_document(http, pg, SERVICE, "child-of-a-string", "admin")
     path = path_of(target)
     listing = admin.get("/admin/yjs/yjsdocument/", params={"q": path})
     assert listing.status_code == 200 and path in listing.text
