@@ -92,6 +92,33 @@ async def propagation(session: aiohttp.ClientSession, doc_url: str, samples: int
     print(f"update propagation A -> B (SSE), {samples} updates:  {latency(latencies)}")
 
 
+async def concurrent_writes(
+    session: aiohttp.ClientSession, doc_url: str, writers: int, posts: int
+) -> None:
+    """``writers`` clients typing into one document at once, one POST in flight each: the
+    POSTs' round trip and the updates stored per second (each POST is checked against the
+    whole document, and one process checks one POST of a document at a time)."""
+    async with session.put(doc_url) as response:
+        assert response.status in (200, 201)
+    latencies: list[float] = []
+
+    async def write(writer: Writer) -> None:
+        for i in range(posts):
+            body = writer.type(f"w{i} ")
+            started = time.perf_counter()
+            async with session.post(doc_url, data=body, headers=OCTET) as response:
+                assert response.status == 204, await response.text()
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(write(Writer()) for _ in range(writers)))
+    elapsed = time.perf_counter() - started
+    print(
+        f"{writers} writers on one document, {posts} POSTs each: {len(latencies) / elapsed:,.0f}"
+        f" updates/s   POST {latency(latencies)}"
+    )
+
+
 async def snapshot_location(session: aiohttp.ClientSession, doc_url: str) -> str:
     async with session.get(doc_url, params={"offset": "snapshot"}, allow_redirects=False) as r:
         return r.headers["Location"]
@@ -169,12 +196,15 @@ async def main() -> None:
     parser.add_argument("--service", default="bench")
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--megabytes", type=float, default=1.0)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--posts", type=int, default=100)
     args = parser.parse_args()
     run = uuid.uuid4().hex[:8]
     docs = f"{args.base_url.rstrip('/')}/v1/yjs/{args.service}/docs/{run}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         print(f"server: {args.base_url}")
         await propagation(session, f"{docs}/propagation", args.samples)
+        await concurrent_writes(session, f"{docs}/writers", args.writers, args.posts)
         writer = await compaction(session, f"{docs}/compaction", args.megabytes)
         await initial_sync(session, f"{docs}/compaction", str(writer.text), runs=10)
 
