@@ -21,10 +21,18 @@ from streams.services.reads import (
     stream_info,
 )
 from streams.services.retention import retention_of, trim_stream
-from streams.services.writes import append, create_stream, delete_stream
+from streams.services.writes import (
+    append,
+    append_together,
+    byte_append,
+    create_stream,
+    delete_stream,
+)
 
 __all__ = [
     "append",
+    "append_together",
+    "byte_append",
     "create_stream",
     "delete_stream",
     "live_read",

@@ -101,12 +101,9 @@ async def append(
     producer: ProducerTuple | None = None,
     stream_seq: str | None = None,
     resource: str | None = None,
-    version: int | None = None,
 ) -> AppendResult:
     """Append (and optionally close), optionally as an idempotent producer (PROTOCOL.md 5.2).
-    Returns after the commit; raises the request's own refusal. ``version``: the validation
-    version of the stream the caller's own check of a byte body saw (yjs.replicas); when the
-    stream's has moved on, ValidationStale is raised at once for the caller to check again."""
+    Returns after the commit; raises the request's own refusal."""
     principal.require(resource or stream_resource(path), Operation.APPEND)
     values: list[Any] | None = None
     body_media: str | None = None
@@ -129,22 +126,56 @@ async def append(
         close=close,
         producer=producer,
         stream_seq=stream_seq,
-        validation_version=version,
     )
-    if values is None:
-        return await group_commit.append(request)
     for attempt in range(VALIDATION_ATTEMPTS):
-        # The stream's extra rules (streams.extensions); if they change meanwhile, the store
-        # refuses the append as stale and it is validated again.
-        request.validation_version = await extensions.validate_json_append(
-            path, values, messages, refresh=attempt > 0
-        )
+        if values is not None:
+            # The stream's extra rules (streams.extensions); if they change meanwhile, the
+            # store refuses the append as stale and it is validated again.
+            request.validation_version = await extensions.validate_json_append(
+                path, values, messages, refresh=attempt > 0
+            )
         try:
             return await group_commit.append(request)
         except ValidationStale:
             if attempt == VALIDATION_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def byte_append(
+    *,
+    path: str,
+    principal: Principal,
+    body: bytes,
+    content_type: str | None,
+    producer: ProducerTuple | None = None,
+    stream_seq: str | None = None,
+    resource: str | None = None,
+) -> AppendRequest:
+    """The request of an append of ``body`` as one message of a byte stream, for
+    ``append_together`` (a body of another content type than the stream's is refused by the
+    store, 409)."""
+    principal.require(resource or stream_resource(path), Operation.APPEND)
+    if not content_type:
+        raise BadRequest("Content-Type is required with a body")
+    if not body:
+        raise BadRequest("empty body")
+    return AppendRequest(
+        path=path,
+        media_type=h.media_type(content_type),
+        messages=[body],
+        close=False,
+        producer=producer,
+        stream_seq=stream_seq,
+    )
+
+
+async def append_together(requests: list[AppendRequest]) -> list[AppendResult | ProtocolError]:
+    """Appends to one stream (``byte_append``) written together, in one batch when the store's
+    bounds allow, after a check that judged them all against one validation version of the
+    stream (``validation_version``; yjs.replicas). Each request's result or refusal, in
+    order; ValidationStale when the stream's version moved on."""
+    return await group_commit.append_together(requests)
 
 
 async def _json_messages(path: str, body_media: str, body: bytes) -> tuple[list[Any], list[bytes]]:

@@ -113,6 +113,39 @@ async def append(request: AppendRequest) -> AppendResult:
     return result
 
 
+async def append_together(requests: list[AppendRequest]) -> list[Result]:
+    """Appends to one stream queued at once, so that they are written in one batch when the
+    batch bounds allow (a caller that judged them all against one validation version of the
+    stream: the store judges a batch against the version read with the row). Each request's
+    result or refusal, in order; shielded like batched appends."""
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    futures: list[asyncio.Future[AppendResult]] = []
+    path = requests[0].path
+    queue = _queues.get(path)
+    if queue is None:
+        queue = _queues[path] = _StreamQueue()
+    for request in requests:
+        assert request.path == path, "appends together are to one stream"
+        future: asyncio.Future[AppendResult] = loop.create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        queue.pending.append((request, future))
+        futures.append(future)
+    if not queue.running:
+        _ready[path] = None
+    _dispatch()
+    outcomes = await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
+    elapsed = time.perf_counter() - started
+    results: list[Result] = []
+    for outcome in outcomes:
+        if isinstance(outcome, AppendResult | ProtocolError):
+            metrics.APPEND_SECONDS.observe(elapsed)
+            results.append(outcome)
+        else:
+            raise outcome
+    return results
+
+
 def _dispatch() -> None:
     """Start transactions for ready streams while slots are free."""
     while (transaction := _take_transaction()) is not None:
