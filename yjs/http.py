@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from functools import partial
 
 from django.conf import settings
 
@@ -149,9 +148,16 @@ async def _document(
         case "POST":
             body, updates = await _update_body(request, doc)
             wanted = parse_append_headers(request.header)
-            result = await replicas.append_checked(
-                doc.updates_stream, updates, len(body), partial(_store, request, body, wanted)
+            append = services.byte_append(
+                path=request.path,
+                principal=request.principal,
+                resource=request.resource,
+                body=body,
+                content_type=wanted.content_type,
+                producer=wanted.producer,
+                stream_seq=wanted.stream_seq,
             )
+            result = await replicas.append_checked(request.path, append, updates, len(body))
             compaction.after_append(result.stream_id, result.next_offset)
             return render.appended(result, producer=wanted.producer is not None, stored_data=True)
         case "HEAD":
@@ -297,11 +303,8 @@ async def _broadcast(request: Request, body: bytes, doc: DocRef, name: str) -> R
     return render.appended(result, producer=wanted.producer is not None, stored_data=True)
 
 
-async def _store(
-    request: Request, body: bytes, wanted: AppendHeaders, version: int | None = None
-) -> AppendResult:
-    """The base protocol's append of an already checked body to the request's stream;
-    ``version``: the stream's validation version the check saw (yjs.replicas)."""
+async def _store(request: Request, body: bytes, wanted: AppendHeaders) -> AppendResult:
+    """The base protocol's append of a body to the request's stream."""
     return await services.append(
         path=request.path,
         principal=request.principal,
@@ -311,7 +314,6 @@ async def _store(
         close=wanted.close,
         producer=wanted.producer,
         stream_seq=wanted.stream_seq,
-        version=version,
     )
 
 

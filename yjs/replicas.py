@@ -5,29 +5,29 @@ An update can merge on its own and still break the document it joins: Yrs refuse
 integrate an item whose parent turns out not to be a type, whichever of the two arrives
 second. Clients apply what they read update by update (YJS-PROTOCOL.md 12.3 leaves the
 validation to them), so such an update, once stored, would fail every client's initial sync:
-one writer could spoil a document for every reader. So a document POST is applied, update by
-update, to a pycrdt Doc holding the document as stored, and refused (400) if Yrs cannot
-integrate it; only then is it appended.
+one writer could spoil a document for every reader. So a document POST is applied to a pycrdt
+Doc holding the document as stored, and refused (400) if Yrs cannot integrate it; only then
+is it appended.
 
 * The Doc: built from the document's snapshot and the updates after it, kept by the process
   (at most ``YJS_CHECKED_DOCUMENTS`` documents, the least recently written dropped), and caught
   up from the stream before each check (one statement).
-* Order across processes: the append carries, as the stream's validation version, the message
+* Within a process, one task per document checks and appends its POSTs: those queued while it
+  works are checked in order and appended together, as one group-commit batch (the store
+  judges a batch against one validation version, below).
+* Order across processes: the appends carry, as the stream's validation version, the message
   count the checked Doc reflects. A trigger keeps a document stream's validation version equal
   to its message count (yjs migration 0003), and the store compares the two under the stream's
   row lock, so an append overtaken since its check is refused (``ValidationStale``), and the
   Doc, which holds the POST's updates by then, is caught up with what overtook it: Yrs refuses
-  the same items in either order, so that is the check of the POST after them. Within a
-  process, one POST per document is checked and appended at a time (one group-commit batch
-  judges its requests against one version).
-* Fairness across processes: a POST overtaken once waits for the document's turn (a
+  the same items in either order, so that is the check of the POST after them.
+* Fairness across processes: POSTs overtaken once wait for the document's turn (a
   transaction-scoped advisory lock), and POSTs that see the turn taken wait for it as well,
   so writers on several processes take turns instead of overtaking one another for ever. A
   document written by one process at a time never takes it.
-* A Doc that a refused update or a failed append may have changed is dropped, and the next
-  POST rebuilds it.
+* A Doc that a refused update or a refused append may have changed is rebuilt.
 * A document whose stored updates cannot be integrated (stored before this check existed) is
-  written without the check, as before; that is logged once per build.
+  written without the check, as before; a warning is logged when a process builds its copy.
 """
 
 from __future__ import annotations
@@ -35,25 +35,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from pycrdt import Doc
 
-from streams.errors import BadRequest, NotFound, ValidationStale
+from streams import services
+from streams.errors import BadRequest, NotFound, ProtocolError, ServiceUnavailable, ValidationStale
 from streams.store.pool import carried, connection
-from streams.store.types import AppendResult
+from streams.store.types import AppendRequest, AppendResult
 from yjs.framing import read_frames
 from yjs.updates import UnmergeableUpdates, apply_updates
 
 logger = logging.getLogger(__name__)
 
-# Checks lost to appends of other processes in a row before the POST is answered 503 (the
-# store's ValidationStale): each retry rebuilds the Doc, so this bounds a POST's work.
+# Rounds of appends overtaken by other processes' before the POSTs left are answered 503
+# (ValidationStale); from the second round on, the document's turn is held.
 ATTEMPTS = 5
+# At most this many POSTs of one document are checked and appended together.
+MAX_TOGETHER = 64
 # Applying more bytes or updates than this at once runs in a worker thread.
 INLINE_BYTES = 64 * 1024
 INLINE_UPDATES = 4
@@ -65,8 +68,8 @@ _SNAPSHOT_SQL = (
     " WHERE st.path = %s AND st.deleted_at IS NULL"
 )
 # The stream's id and message count, and its updates from a message on, in one snapshot of
-# the database: the rows are exactly the messages before that count.
-# And whether the document's turn (``_turn``) is free: taken and released at once if it is.
+# the database: the rows are exactly the messages before that count. And whether the
+# document's turn (``_turn``) is free: taken and released at once if it is.
 _UPDATES_SQL = (
     "WITH turn AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(%s, hashtext(%s)) AS free)"
     " SELECT st.id, st.next_seq, m.data, turn.free FROM turn, ds_stream AS st"
@@ -85,90 +88,171 @@ class _Replica:
     seq: int
     # None: the stored updates cannot be integrated, and POSTs are not checked.
     doc: Doc[Any] | None
-    # The Doc also holds the updates of the POST being appended (checked, not yet stored).
+    # The Doc also holds the updates of POSTs being appended (checked, not all stored yet).
     ahead: bool = False
     # Another process held the document's turn when it was last caught up.
     contended: bool = False
 
 
 @dataclass
+class _Post:
+    request: AppendRequest
+    updates: list[bytes]
+    size: int
+    future: asyncio.Future[AppendResult]
+
+
+@dataclass
 class _Document:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Coroutines holding or waiting for the lock: an entry in use is never dropped, or a
-    # second entry (and lock) for the same document could check a POST beside it.
-    users: int = 0
+    queue: list[_Post] = field(default_factory=list)
+    # The task checking and appending the queued POSTs, while there are any.
+    server: asyncio.Task[None] | None = None
+    # The Doc, while no task works on it (a Doc being changed is never handed to another).
     replica: _Replica | None = None
+
+    def busy(self) -> bool:
+        return bool(self.queue) or (self.server is not None and not self.server.done())
 
 
 _documents: OrderedDict[str, _Document] = OrderedDict()
 
 
 async def append_checked(
-    path: str,
-    updates: list[bytes],
-    size: int,
-    append: Callable[[int], Awaitable[AppendResult]],
+    path: str, request: AppendRequest, updates: list[bytes], size: int
 ) -> AppendResult:
-    """``append(version)`` once ``updates`` (``size`` bytes in all) integrate with the
-    document of update stream ``path`` as stored: BadRequest when they do not, NotFound
-    without the document, ValidationStale after ATTEMPTS checks overtaken by other
-    processes' appends."""
+    """Append ``request`` (a ``services.byte_append`` to the update stream ``path`` holding
+    ``updates``, ``size`` bytes in all) once they integrate with the document as stored:
+    BadRequest when they do not, NotFound without the document, ValidationStale after
+    ATTEMPTS rounds overtaken by other processes' appends. The work is the document's task's:
+    a caller that goes away leaves it done all the same."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[AppendResult] = loop.create_future()
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved if abandoned
     entry = _entry(path)
-    entry.users += 1
+    entry.queue.append(_Post(request, updates, size, future))
+    if entry.server is None or entry.server.done():
+        entry.server = loop.create_task(_serve(path, entry))
     try:
-        async with entry.lock:
-            # Taken from the entry until the append is known to match it: a Doc being changed
-            # (in a worker thread that outlives a cancelled POST, too) is never handed to
-            # another POST.
-            replica, entry.replica = entry.replica, None
-            replica = await _caught_up(path, replica)
-            if not replica.contended:
-                try:
-                    return await _append(entry, replica, updates, size, append)
-                except ValidationStale:
-                    pass
-            async with _turn(path):
-                for _ in range(ATTEMPTS):
-                    replica = await _caught_up(path, replica)
-                    try:
-                        return await _append(entry, replica, updates, size, append)
-                    except ValidationStale:
-                        continue
-            raise ValidationStale()
+        return await asyncio.shield(future)
     finally:
-        entry.users -= 1
         _trim()
 
 
-async def _append(
-    entry: _Document,
-    replica: _Replica,
-    updates: list[bytes],
-    size: int,
-    append: Callable[[int], Awaitable[AppendResult]],
-) -> AppendResult:
-    """Check ``updates`` against the caught-up ``replica`` (once: a Doc ahead of the stream
-    holds them already), and append them at its version. ValidationStale when other
-    processes appended since; catching up then applies their updates after these, which is
-    the check of these after theirs: Yrs integrates an item once what it refers to is there,
-    in either order, and refuses the same items in either."""
-    if replica.doc is not None and not replica.ahead:
-        await _off_loop(size, len(updates), _check, replica.doc, updates)
-        replica.ahead = True
-    result = await append(replica.seq)
-    if not result.duplicate and result.stream_id == replica.stream_id:
-        replica.seq = result.next_offset.seq
-        replica.ahead = False
+def _entry(path: str) -> _Document:
+    entry = _documents.pop(path, None) or _Document()
+    _documents[path] = entry  # the most recently used last
+    return entry
+
+
+def _trim() -> None:
+    """Drop the least recently used documents no task works on, down to the limit (a busy
+    one stays: a second entry for the same document would check POSTs beside it)."""
+    excess = len(_documents) - settings.YJS_CHECKED_DOCUMENTS
+    if excess <= 0:
+        return
+    for path in [path for path, entry in _documents.items() if not entry.busy()][:excess]:
+        del _documents[path]
+
+
+async def _serve(path: str, entry: _Document) -> None:
+    """Check and append the document's queued POSTs, MAX_TOGETHER at a time, until none is
+    left. Whatever fails a round is every one of its POSTs' answer."""
+    while entry.queue:
+        posts, entry.queue = entry.queue[:MAX_TOGETHER], entry.queue[MAX_TOGETHER:]
+        try:
+            await _round(path, entry, posts)
+        except Exception as exc:  # noqa: BLE001 - the POSTs of the round answer it
+            for post in posts:
+                if not post.future.done():
+                    post.future.set_exception(exc)
+        except BaseException:
+            unavailable = ServiceUnavailable("the server is shutting down; retry")
+            for post in posts + entry.queue:
+                if not post.future.done():
+                    post.future.set_exception(unavailable)
+            entry.queue.clear()
+            raise
+
+
+async def _round(path: str, entry: _Document, posts: list[_Post]) -> None:
+    """Check ``posts`` in order against the document and append those that join it together,
+    again for those another process overtook, until each has its answer."""
+    replica, entry.replica = entry.replica, None
+    pending = posts
+    async with AsyncExitStack() as turn:
+        taken = False
+        for attempt in range(ATTEMPTS):
+            if not taken and (attempt > 0 or (replica is not None and replica.contended)):
+                await turn.enter_async_context(_turn(path))
+                taken = True
+            replica = await _caught_up(path, replica)
+            if replica.doc is not None and not replica.ahead:
+                replica, pending = await _checked(path, replica, pending)
+                replica.ahead = True
+            if not pending:
+                break
+            for post in pending:
+                post.request.validation_version = replica.seq
+            results = await services.append_together([post.request for post in pending])
+            stale = []
+            for post, result in zip(pending, results, strict=True):
+                if isinstance(result, ValidationStale):
+                    stale.append(post)
+                elif isinstance(result, ProtocolError):
+                    post.future.set_exception(result)
+                else:
+                    post.future.set_result(result)
+            if any(_diverged(replica, result) for result in results):
+                replica = None  # holds updates that were not stored: rebuilt, and checked again
+            elif not stale:
+                ends = [r.next_offset.seq for r in results if isinstance(r, AppendResult)]
+                replica.seq, replica.ahead = max(ends), False
+            pending = stale
+            if not pending:
+                break
+        for post in pending:
+            post.future.set_exception(ValidationStale())
+    if not pending and replica is not None:
+        # Caught up while this process held the turn, it saw the turn taken (by itself).
+        replica.contended &= not taken
         entry.replica = replica
-    return result
+
+
+def _diverged(replica: _Replica, result: AppendResult | ProtocolError) -> bool:
+    """Does the Doc now hold updates the stream does not (a refused append, a duplicate of an
+    earlier one), or was the document deleted and created again meanwhile?"""
+    if isinstance(result, ValidationStale):
+        return False
+    if isinstance(result, ProtocolError):
+        return True
+    return result.duplicate or result.stream_id != replica.stream_id
+
+
+async def _checked(
+    path: str, replica: _Replica, posts: list[_Post]
+) -> tuple[_Replica, list[_Post]]:
+    """The POSTs whose updates join the document, applied to its Doc in order; the others are
+    answered 400. A refused update may have changed the Doc in part: it is rebuilt and the
+    POSTs checked again without it."""
+    while replica.doc is not None:
+        for post in posts:
+            try:
+                await _off_loop(post.size, len(post.updates), _check, replica.doc, post.updates)
+            except BadRequest as refusal:
+                post.future.set_exception(refusal)
+                posts = [other for other in posts if other is not post]
+                replica = await _caught_up(path, None)
+                break
+        else:
+            break
+    return replica, posts
 
 
 @asynccontextmanager
 async def _turn(path: str) -> AsyncIterator[None]:
     """The document's turn among the processes writing it: a transaction holding its
-    advisory lock (released when the transaction ends, however it ends). Processes that see
-    it held wait for it too (``_Replica.contended``), so an overtaken POST is not overtaken
-    again and again. At most TURNS_PER_PROCESS at once, each holding a pool connection."""
+    advisory lock (released when the transaction ends, however it ends). At most a third of
+    the pool's connections are held by turns at once."""
     global _turns
     if _turns is None:
         _turns = asyncio.Semaphore(max(1, settings.DS_DB_POOL_MAX_SIZE // 3))
@@ -180,41 +264,28 @@ async def _turn(path: str) -> AsyncIterator[None]:
 _turns: asyncio.Semaphore | None = None
 
 
-def _entry(path: str) -> _Document:
-    entry = _documents.pop(path, None) or _Document()
-    _documents[path] = entry  # the most recently used last
-    return entry
-
-
-def _trim() -> None:
-    """Drop the least recently used documents nobody is using, down to the limit."""
-    excess = len(_documents) - settings.YJS_CHECKED_DOCUMENTS
-    if excess <= 0:
-        return
-    idle = [path for path, entry in _documents.items() if entry.users == 0][:excess]
-    for path in idle:
-        del _documents[path]
-
-
 async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
-    """``replica`` with the updates stored since it was last caught up, or a new one built
-    from the snapshot and the updates after it when there is none, or the document was
-    deleted and created again. NotFound without the document; BadRequest when the stored
-    updates do not join a Doc ahead of the stream (they and the POST's cannot both be)."""
+    """``replica`` with the updates stored since it was last caught up; or a new one, built
+    from the snapshot and the updates after it, when there is none, when the document was
+    deleted and created again, or when the stored updates do not join a Doc ahead of the
+    stream (they and a POST's cannot both be: the POSTs are checked again on the new one).
+    NotFound without the document."""
     if replica is not None:
         stream_id, seq, rows, contended = await _updates(path, replica.seq)
         if stream_id == replica.stream_id:
             replica.contended = contended
-            if replica.doc is not None and rows:
-                size = sum(map(len, rows))
-                doc = await _off_loop(size, len(rows), _integrated, replica.doc, None, rows)
-                if doc is None and replica.ahead:
-                    raise BadRequest("the updates cannot join the document as it now stands")
-                if doc is None:
-                    logger.warning("document %s: its stored updates cannot be integrated", path)
-                replica.doc = doc
-            replica.seq = seq
-            return replica
+            if replica.doc is None or not rows:
+                replica.seq = seq
+                return replica
+            size = sum(map(len, rows))
+            doc = await _off_loop(size, len(rows), _integrated, replica.doc, None, rows)
+            if doc is not None:
+                replica.doc, replica.seq = doc, seq
+                return replica
+            if not replica.ahead:
+                logger.warning("document %s: its stored updates cannot be integrated", path)
+                replica.doc, replica.seq = None, seq
+                return replica
     async with connection() as conn:
         cur = await conn.execute(_SNAPSHOT_SQL, (path,), binary=True)
         row = await cur.fetchone()
