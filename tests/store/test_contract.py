@@ -770,6 +770,36 @@ def test_a_connection_that_carried_a_large_statement_is_replaced(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+def test_appends_queued_together_are_judged_against_one_version(pg: Any) -> None:
+    """A Yjs document stream's validation version is its message count (yjs migration 0003).
+    Appends queued together at that version go in one batch and are all stored; the same
+    appends submitted one by one are split (the first is written alone), and the rest, judged
+    against the count the first moved on, are refused as stale."""
+    path = f"__ds/yjs/store-tests/docs/{time.time_ns()}"
+
+    async def scenario() -> tuple[list[Any], list[Any], bytes]:
+        await create(path, "application/octet-stream")
+        media = "application/octet-stream"
+        together = await group_commit.append_together(
+            [append(path, data, media=media, validation_version=0) for data in (b"a", b"b")]
+        )
+        alone = await asyncio.gather(
+            *(
+                group_commit.append(append(path, data, media=media, validation_version=2))
+                for data in (b"c", b"d")
+            ),
+            return_exceptions=True,
+        )
+        return together, alone, await content(path)
+
+    together, alone, stored = run(scenario)
+    assert [type(r) for r in together] == [AppendResult, AppendResult], together
+    assert [type(r) for r in alone] == [AppendResult, ValidationStale], alone
+    assert stored == b"abc"
+    version = pg.execute("SELECT validation_version FROM ds_stream WHERE path = %s", (path,))
+    assert version.fetchone() == (3,)
+
+
 def test_an_append_after_a_transaction_rolled_back_on_its_connection(
     path: str, settings: Any
 ) -> None:
