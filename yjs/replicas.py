@@ -62,7 +62,7 @@ INLINE_BYTES = 64 * 1024
 INLINE_UPDATES = 4
 
 _SNAPSHOT_SQL = (
-    "SELECT s.seq, s.data FROM ds_stream AS st"
+    "SELECT st.id, s.seq, s.data FROM ds_stream AS st"
     " LEFT JOIN yjs_document AS d ON d.stream_id = st.id"
     " LEFT JOIN yjs_snapshot AS s ON s.id = d.snapshot_id"
     " WHERE st.path = %s AND st.deleted_at IS NULL"
@@ -79,6 +79,13 @@ _UPDATES_SQL = (
 # Advisory locks are (class, key) pairs: this class is "a Yjs document's turn", the key the
 # hash of its update stream's path (yjs.compaction's class is another).
 LOCK_CLASS = 0x59_6A_74
+
+
+def version_of(stream_id: int, seq: int) -> int:
+    """A document stream's validation version: its id and message count, as the triggers of
+    yjs migration 0003 write it (a document deleted and created again does not take appends
+    checked against the old one)."""
+    return ((stream_id & 0x7FFF_FFFF) << 32) | (seq & 0xFFFF_FFFF)
 
 
 @dataclass
@@ -158,7 +165,8 @@ async def _serve(path: str, entry: _Document) -> None:
     """Check and append the document's queued POSTs, MAX_TOGETHER at a time, until none is
     left. Whatever fails a round is every one of its POSTs' answer."""
     while entry.queue:
-        posts, entry.queue = entry.queue[:MAX_TOGETHER], entry.queue[MAX_TOGETHER:]
+        count = _fitting(entry.queue)
+        posts, entry.queue = entry.queue[:count], entry.queue[count:]
         try:
             await _round(path, entry, posts)
         except Exception as exc:  # noqa: BLE001 - the POSTs of the round answer it
@@ -174,6 +182,18 @@ async def _serve(path: str, entry: _Document) -> None:
             raise
 
 
+def _fitting(queue: list[_Post]) -> int:
+    """How many of the queued POSTs (at least one) go in one round: at most MAX_TOGETHER, and
+    no more bytes than group commit writes in one batch (a batch split in two would find its
+    second half stale, overtaken by its first)."""
+    size = 0
+    for count, post in enumerate(queue[:MAX_TOGETHER]):
+        size += post.request.size
+        if count and size > services.TOGETHER_MAX_BYTES:
+            return count
+    return min(len(queue), MAX_TOGETHER)
+
+
 async def _round(path: str, entry: _Document, posts: list[_Post]) -> None:
     """Check ``posts`` in order against the document and append those that join it together,
     again for those another process overtook, until each has its answer."""
@@ -183,25 +203,25 @@ async def _round(path: str, entry: _Document, posts: list[_Post]) -> None:
         taken = False
         for attempt in range(ATTEMPTS):
             if not taken and (attempt > 0 or (replica is not None and replica.contended)):
-                await turn.enter_async_context(_turn(path))
-                taken = True
+                taken = await _take_turn(turn, path)
             replica = await _caught_up(path, replica)
+            if not taken and replica.contended and await _take_turn(turn, path):
+                taken = True
+                replica = await _caught_up(path, replica)
             if replica.doc is not None and not replica.ahead:
                 replica, pending = await _checked(path, replica, pending)
-                replica.ahead = True
+                replica.ahead = bool(pending)  # a Doc rebuilt after refusals holds none
             if not pending:
                 break
             for post in pending:
-                post.request.validation_version = replica.seq
+                post.request.validation_version = version_of(replica.stream_id, replica.seq)
             results = await services.append_together([post.request for post in pending])
             stale = []
             for post, result in zip(pending, results, strict=True):
                 if isinstance(result, ValidationStale):
                     stale.append(post)
-                elif isinstance(result, ProtocolError):
-                    post.future.set_exception(result)
                 else:
-                    post.future.set_result(result)
+                    _answer(post, result)
             if any(_diverged(replica, result) for result in results):
                 replica = None  # holds updates that were not stored: rebuilt, and checked again
             elif not stale:
@@ -211,11 +231,27 @@ async def _round(path: str, entry: _Document, posts: list[_Post]) -> None:
             if not pending:
                 break
         for post in pending:
-            post.future.set_exception(ValidationStale())
+            _answer(post, Overtaken())
     if not pending and replica is not None:
-        # Caught up while this process held the turn, it saw the turn taken (by itself).
-        replica.contended &= not taken
+        if taken:  # caught up while this process held the turn, it saw the turn taken (by itself)
+            replica.contended = False
         entry.replica = replica
+
+
+class Overtaken(ServiceUnavailable):
+    """Other processes kept writing the document between each check and its append."""
+
+    def __init__(self) -> None:
+        super().__init__("other writers kept changing the document meanwhile; retry")
+
+
+def _answer(post: _Post, result: AppendResult | ProtocolError) -> None:
+    if post.future.done():
+        return
+    if isinstance(result, ProtocolError):
+        post.future.set_exception(result)
+    else:
+        post.future.set_result(result)
 
 
 def _diverged(replica: _Replica, result: AppendResult | ProtocolError) -> bool:
@@ -239,7 +275,7 @@ async def _checked(
             try:
                 await _off_loop(post.size, len(post.updates), _check, replica.doc, post.updates)
             except BadRequest as refusal:
-                post.future.set_exception(refusal)
+                _answer(post, refusal)
                 posts = [other for other in posts if other is not post]
                 replica = await _caught_up(path, None)
                 break
@@ -248,20 +284,37 @@ async def _checked(
     return replica, posts
 
 
+async def _take_turn(stack: AsyncExitStack, path: str) -> bool:
+    """Hold the document's turn until ``stack`` closes; False when this process takes no
+    turns (a pool too small to lend a connection to a turn and others to its round)."""
+    turns = _turns()
+    if turns is None:
+        return False
+    await stack.enter_async_context(_turn(turns, path))
+    return True
+
+
 @asynccontextmanager
-async def _turn(path: str) -> AsyncIterator[None]:
+async def _turn(turns: asyncio.Semaphore, path: str) -> AsyncIterator[None]:
     """The document's turn among the processes writing it: a transaction holding its
-    advisory lock (released when the transaction ends, however it ends). At most a third of
-    the pool's connections are held by turns at once."""
-    global _turns
-    if _turns is None:
-        _turns = asyncio.Semaphore(max(1, settings.DS_DB_POOL_MAX_SIZE // 3))
-    async with _turns, connection() as conn, conn.transaction():
+    advisory lock (released when the transaction ends, however it ends)."""
+    async with turns, connection() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LOCK_CLASS, path))
         yield
 
 
-_turns: asyncio.Semaphore | None = None
+# The event loop's semaphore of turns: at most a third of the pool's connections are held by
+# turns at once (a round needs others for its catch-up and its append).
+_semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore | None] = {}
+
+
+def _turns() -> asyncio.Semaphore | None:
+    loop = asyncio.get_running_loop()
+    if loop not in _semaphores:
+        _semaphores.clear()  # one loop per process; another only in tests
+        most = settings.DS_DB_POOL_MAX_SIZE // 3
+        _semaphores[loop] = asyncio.Semaphore(most) if most else None
+    return _semaphores[loop]
 
 
 async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
@@ -286,15 +339,20 @@ async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
                 logger.warning("document %s: its stored updates cannot be integrated", path)
                 replica.doc, replica.seq = None, seq
                 return replica
-    async with connection() as conn:
-        cur = await conn.execute(_SNAPSHOT_SQL, (path,), binary=True)
-        row = await cur.fetchone()
-        if row is not None and row[1] is not None:
-            carried(conn, len(row[1]))
-    if row is None:
-        raise NotFound("document does not exist")
-    covers, snapshot = row
-    stream_id, seq, rows, contended = await _updates(path, covers or 0)
+    for _ in range(ATTEMPTS):
+        async with connection() as conn:
+            cur = await conn.execute(_SNAPSHOT_SQL, (path,), binary=True)
+            row = await cur.fetchone()
+            if row is not None and row[2] is not None:
+                carried(conn, len(row[2]))
+        if row is None:
+            raise NotFound("document does not exist")
+        snapshot_of, covers, snapshot = row
+        stream_id, seq, rows, contended = await _updates(path, covers or 0)
+        if stream_id == snapshot_of:
+            break
+    else:  # deleted and created again between the two statements, each time
+        raise Overtaken()
     if snapshot is not None:
         snapshot = bytes(snapshot)
     size = sum(map(len, rows)) + len(snapshot or b"")

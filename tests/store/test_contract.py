@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -46,6 +47,7 @@ from streams.store.types import (
     ForkSpec,
     TrimResult,
 )
+from yjs.replicas import version_of
 
 MAX = 1 << 30
 TEXT = "text/plain"
@@ -771,33 +773,34 @@ def test_a_connection_that_carried_a_large_statement_is_replaced(
 
 
 def test_appends_queued_together_are_judged_against_one_version(pg: Any) -> None:
-    """A Yjs document stream's validation version is its message count (yjs migration 0003).
-    Appends queued together at that version go in one batch and are all stored; the same
-    appends submitted one by one are split (the first is written alone), and the rest, judged
-    against the count the first moved on, are refused as stale."""
+    """A Yjs document stream's validation version is its id and message count (yjs migration
+    0003). Appends queued together at that version go in one batch and are all stored; the
+    same appends submitted one by one are split (the first is written alone), and the rest,
+    judged against the count the first moved on, are refused as stale."""
     path = f"__ds/yjs/store-tests/docs/{time.time_ns()}"
 
-    async def scenario() -> tuple[list[Any], list[Any], bytes]:
-        await create(path, "application/octet-stream")
+    async def scenario() -> tuple[int, list[Any], list[Any], bytes]:
+        stream_id = (await create(path, "application/octet-stream")).stream_id
         media = "application/octet-stream"
+        at = partial(version_of, stream_id)
         together = await group_commit.append_together(
-            [append(path, data, media=media, validation_version=0) for data in (b"a", b"b")]
+            [append(path, data, media=media, validation_version=at(0)) for data in (b"a", b"b")]
         )
         alone = await asyncio.gather(
             *(
-                group_commit.append(append(path, data, media=media, validation_version=2))
+                group_commit.append(append(path, data, media=media, validation_version=at(2)))
                 for data in (b"c", b"d")
             ),
             return_exceptions=True,
         )
-        return together, alone, await content(path)
+        return stream_id, together, alone, await content(path)
 
-    together, alone, stored = run(scenario)
+    stream_id, together, alone, stored = run(scenario)
     assert [type(r) for r in together] == [AppendResult, AppendResult], together
     assert [type(r) for r in alone] == [AppendResult, ValidationStale], alone
     assert stored == b"abc"
     version = pg.execute("SELECT validation_version FROM ds_stream WHERE path = %s", (path,))
-    assert version.fetchone() == (3,)
+    assert version.fetchone() == (version_of(stream_id, 3),)
 
 
 def test_an_append_after_a_transaction_rolled_back_on_its_connection(

@@ -76,6 +76,11 @@ def test_an_update_that_cannot_join_the_document_is_refused_and_changes_nothing(
         assert tail_of(client, url) == tail
         assert _replayed(client, url) == [accepted, MIDDLE_1, MIDDLE_2]
 
+        # Refused again when sent again (the Doc the refusal touched was rebuilt, and holds
+        # nothing that was not stored).
+        assert_error(_post(client, url, refused), 400, "INVALID_REQUEST")
+        assert tail_of(client, url) == tail
+
         # The document stays writable: the next update is checked against it as stored.
         edit = Writer().edit("after the refusal")
         assert _post(client, url, edit).status_code == 204
