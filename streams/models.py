@@ -38,8 +38,10 @@ class Stream(models.Model):
     # (NOTIFY) only while it is in the future (streams.live: Watched streams).
     watched_until = models.DateTimeField(null=True, blank=True)
     # The version of the extra validation an append's data must have passed (NULL: none), set
-    # by the app that validates (state/: a state stream's registration); an append validated
-    # against another version is refused as `validation_stale` and validated again.
+    # by the app that validates (state/: a state stream's registration; yjs/: a document
+    # stream's id and message count, kept by triggers, which its POSTs were checked against);
+    # an append validated against another version is refused as `validation_stale` and
+    # validated again.
     validation_version = models.BigIntegerField(null=True, blank=True)
     # Whether a subscription may follow the stream (subscriptions/sql): an append to a followed
     # stream looks up its subscriptions, and when it finds none sets this false, so the

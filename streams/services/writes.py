@@ -170,6 +170,10 @@ def byte_append(
     )
 
 
+# Appends to one stream larger than this in all are not written in one batch.
+TOGETHER_MAX_BYTES = group_commit.MAX_BATCH_BYTES
+
+
 async def append_together(requests: list[AppendRequest]) -> list[AppendResult | ProtocolError]:
     """Appends to one stream (``byte_append``) written together, in one batch when the store's
     bounds allow, after a check that judged them all against one validation version of the
@@ -223,7 +227,11 @@ def _publish(batch: list[AppendRequest], results: list[AppendResult | ProtocolEr
             start = Offset(end.seq - len(request.messages), end.pos - request.size)
             appended.append(live.Appended(start, end, tuple(request.messages), result.closed))
     live.hub.publish(last.stream_id, last.next_offset.seq, last.closed, appended)
-    if any(request.validation_version is not None for request, _ in stored):
+    # Extensions validate JSON appends only (a byte append's version is its caller's check).
+    if any(
+        request.validation_version is not None and h.is_json(request.media_type or "")
+        for request, _ in stored
+    ):
         extensions.appended(last.stream_id)
 
 
