@@ -19,13 +19,20 @@ from django.conf import settings
 from access.auth import authenticate
 from access.grants import Grant, Operation, Principal, doc_resource
 from streams import services
-from streams.errors import BadRequest, MethodNotAllowed, NotFound, PayloadTooLarge, ProtocolError
+from streams.errors import (
+    BadRequest,
+    Conflict,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+)
 from streams.http import app as streams_app
 from streams.http import handlers, render
 from streams.http.request import Receive, Request, Scope, Send, request_for
 from streams.http.responses import Response
 from streams.http.sending import ResponseSender
-from streams.protocol.headers import AppendHeaders, is_true, parse_append_headers
+from streams.protocol.headers import AppendHeaders, is_true, media_type, parse_append_headers
 from streams.store import reads
 from streams.store.types import AppendResult
 from yjs import compaction, replicas, store
@@ -148,6 +155,7 @@ async def _document(
         case "POST":
             body, updates = await _update_body(request, doc)
             wanted = parse_append_headers(request.header)
+            await _require_octet_stream(wanted, doc)
             append = services.byte_append(
                 path=request.path,
                 principal=request.principal,
@@ -231,6 +239,16 @@ async def _update_body(request: Request, doc: DocRef) -> tuple[bytes, list[bytes
         await _require_document(doc)
         raise
     return body, updates
+
+
+async def _require_octet_stream(wanted: AppendHeaders, doc: DocRef) -> None:
+    """A document's updates are bytes (YJS-PROTOCOL.md 5.5): another content type is the
+    base protocol's 409, answered before the POST is queued for its check (a refused append
+    would cost the check's copy of the document a rebuild)."""
+    given = wanted.content_type
+    if given is not None and media_type(given) != store.OCTET_STREAM:
+        await _require_document(doc)
+        raise Conflict("Content-Type does not match the stream's content type")
 
 
 def _updates_of(body: bytes) -> list[bytes]:
