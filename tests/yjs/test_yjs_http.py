@@ -1197,3 +1197,17 @@ def test_request_body_limit_bounds_awareness_and_updates(limited: Any) -> None:
         assert len(update) > BODY_LIMIT
         assert_error(client.post(url, headers=OCTET, content=update), 413, "PAYLOAD_TOO_LARGE")
         assert read_all(client, url)[0] == b""
+
+
+def test_an_update_of_another_content_type_is_refused_and_changes_nothing(
+    http: httpx.Client, doc: DocRef, new_doc: DocRef
+) -> None:
+    """5.5: a document's updates are bytes; another content type is the base protocol's 409
+    (404 without the document), and nothing is stored."""
+    update = frame(Writer().edit("typed"))
+    wrong = {"Content-Type": "text/plain"}
+    assert_error(http.post(doc.url, content=update, headers=wrong), 409)
+    assert read_all(http, doc.url)[0] == b""
+    missing = DocRef(SERVICE, f"{new_doc.path}-missing")
+    assert_error(http.post(missing.url, content=update, headers=wrong), 404, "DOCUMENT_NOT_FOUND")
+    assert http.post(doc.url, content=update, headers=OCTET).status_code == 204
