@@ -22,6 +22,7 @@ from streams.services.reads import (
 )
 from streams.services.retention import retention_of, trim_stream
 from streams.services.writes import (
+    TOGETHER_MAX_BYTES,
     append,
     append_together,
     byte_append,
@@ -30,6 +31,7 @@ from streams.services.writes import (
 )
 
 __all__ = [
+    "TOGETHER_MAX_BYTES",
     "append",
     "append_together",
     "byte_append",
