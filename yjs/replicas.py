@@ -162,24 +162,34 @@ def _trim() -> None:
 
 
 async def _serve(path: str, entry: _Document) -> None:
-    """Check and append the document's queued POSTs, MAX_TOGETHER at a time, until none is
-    left. Whatever fails a round is every one of its POSTs' answer."""
-    while entry.queue:
-        count = _fitting(entry.queue)
-        posts, entry.queue = entry.queue[:count], entry.queue[count:]
-        try:
-            await _round(path, entry, posts)
-        except Exception as exc:  # noqa: BLE001 - the POSTs of the round answer it
-            for post in posts:
-                if not post.future.done():
-                    post.future.set_exception(exc)
-        except BaseException:
-            unavailable = ServiceUnavailable("the server is shutting down; retry")
-            for post in posts + entry.queue:
-                if not post.future.done():
-                    post.future.set_exception(unavailable)
-            entry.queue.clear()
-            raise
+    """Check and append the document's queued POSTs, a round at a time, until none is left.
+    Whatever fails a round is every one of its POSTs' answer; whatever stops the task (a
+    defect, a shutdown) answers every POST still waiting: none waits for ever."""
+    posts: list[_Post] = []
+    error: ProtocolError = ServiceUnavailable("the server is shutting down; retry")
+    try:
+        while entry.queue:
+            count = _fitting(entry.queue)
+            posts, entry.queue = entry.queue[:count], entry.queue[count:]
+            try:
+                await _round(path, entry, posts)
+            except Exception as exc:  # noqa: BLE001 - the POSTs of the round answer it
+                answer = exc if isinstance(exc, ProtocolError) else _failed(path, exc)
+                for post in posts:
+                    _answer(post, answer)
+    except Exception as exc:  # noqa: BLE001 - a defect here: answered below, and logged
+        error = _failed(path, exc)
+    finally:
+        waiting, entry.queue = posts + entry.queue, []
+        for post in waiting:
+            if not post.future.done():
+                _answer(post, error)
+
+
+def _failed(path: str, exc: Exception) -> ProtocolError:
+    """A defect's answer (500): logged here, since the POSTs' handlers see only this."""
+    logger.error("checking the POSTs to %s failed", path, exc_info=exc)
+    return ProtocolError("internal server error")
 
 
 def _fitting(queue: list[_Post]) -> int:
