@@ -46,7 +46,7 @@ from yjs.paths import (
     parse_snapshot_key,
     snapshot_key,
 )
-from yjs.updates import MAX_UPDATES, check_updates
+from yjs.updates import INLINE_CHECK_BYTES, INLINE_CHECK_UPDATES, MAX_UPDATES, check_updates
 
 METHOD_OPERATIONS = {
     "GET": Operation.READ,
@@ -55,11 +55,6 @@ METHOD_OPERATIONS = {
     "PUT": Operation.MANAGE,
     "DELETE": Operation.MANAGE,
 }
-# Checking updates is CPU work (about 25 microseconds per update, plus merging the bytes): bodies
-# bigger than this are checked off the event loop, and only once the document is known to
-# exist; so are bodies of more updates than INLINE_CHECK_UPDATES.
-INLINE_CHECK_BYTES = 64 * 1024
-INLINE_CHECK_UPDATES = 4
 
 
 class YjsError(ProtocolError):

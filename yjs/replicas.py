@@ -48,7 +48,12 @@ from streams.errors import BadRequest, NotFound, ProtocolError, ServiceUnavailab
 from streams.store.pool import carried, connection
 from streams.store.types import AppendRequest, AppendResult
 from yjs.framing import read_frames
-from yjs.updates import UnmergeableUpdates, apply_updates
+from yjs.updates import (
+    INLINE_CHECK_BYTES,
+    INLINE_CHECK_UPDATES,
+    UnmergeableUpdates,
+    apply_updates,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +62,6 @@ logger = logging.getLogger(__name__)
 ATTEMPTS = 5
 # At most this many POSTs of one document are checked and appended together.
 MAX_TOGETHER = 64
-# Applying more bytes or updates than this at once runs in a worker thread.
-INLINE_BYTES = 64 * 1024
-INLINE_UPDATES = 4
 
 _SNAPSHOT_SQL = (
     "SELECT st.id, s.seq, s.data FROM ds_stream AS st"
@@ -406,6 +408,8 @@ def _check(doc: Doc[Any], updates: list[bytes]) -> None:
 
 
 async def _off_loop(size: int, count: int, work: Callable[..., Any], *args: Any) -> Any:
-    if size <= INLINE_BYTES and count <= INLINE_UPDATES:
+    """``work(*args)``, in a worker thread past the bounds the endpoint checks bodies inline
+    within (yjs.updates: CPU work on the event loop would stall every other request)."""
+    if size <= INLINE_CHECK_BYTES and count <= INLINE_CHECK_UPDATES:
         return work(*args)
     return await asyncio.to_thread(work, *args)

@@ -61,6 +61,13 @@ def check_updates(updates: list[bytes]) -> None:
             raise BadRequest(f"the updates of this body do not merge together ({exc})") from None
 
 
+# Checking or applying updates is CPU work (about 25 microseconds per update, plus merging the
+# bytes): more bytes or updates than this at once are handled off the event loop (yjs.http
+# checks such a body only once the document is known to exist; yjs.replicas).
+INLINE_CHECK_BYTES = 64 * 1024
+INLINE_CHECK_UPDATES = 4
+
+
 # At most this many updates in one POST: checking costs tens of microseconds per update, so
 # this bounds a body's check to a few seconds of a worker thread. Clients send far fewer (the
 # provider's producer sends a few per batch, and its initial state as one).
