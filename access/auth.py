@@ -12,6 +12,14 @@ SQL) fires a trigger whose NOTIFY reaches every server process on the live-deliv
 it drops the cache, so a revoked key stops working everywhere within the notification's
 latency. A lost LISTEN connection drops it too, and entries are reloaded after
 ``CACHE_SECONDS`` whatever happens.
+
+A key that does not exist costs no lookup either: each process also keeps the list of every
+key id (the roster, one statement, dropped and expired like the cache), and refuses an id not
+on it at once. Otherwise a client making up keys, each with a new id, had the database
+queried once per request (docs/reliability.md). An id not on the roster makes the process
+read the roster again, at most every ``DS_AUTH__UNKNOWN_KEY_SECS``: a key made an instant
+before its NOTIFY arrives is found that way. With more than ``ROSTER_MAX`` keys there is no
+roster, and each id is looked up as before.
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ from access.grants import ANONYMOUS, OPEN, Grant, Operation, Principal
 from streams.errors import Unauthorized
 
 CACHE_SECONDS = 60.0
-# An unknown key id is asked again after this long (a key created meanwhile also clears it).
-UNKNOWN_SECONDS = 1.0
 MAX_CACHED = 10_000
+ROSTER_MAX = 100_000
+ROSTER_SQL = "SELECT k.prefix FROM ds_api_key AS k LIMIT %s"
 KEY_SQL = (
     "SELECT k.name, k.hashed_key, k.revoked, k.expiry_date, k.rate_limit,"
     " coalesce(json_agg(json_build_array(g.prefix, g.read, g.append, g.manage))"
@@ -76,6 +84,21 @@ _matched: set[str] = set()
 _lock = threading.Lock()
 # key id -> its lookup in progress, shared by the requests that miss the cache meanwhile
 _lookups: dict[str, asyncio.Future[KeyRecord | None]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Roster:
+    """Every key id, as one statement read them when the cache was at ``generation``
+    (``ids`` None: more than ROSTER_MAX keys)."""
+
+    ids: frozenset[str] | None
+    loaded: float
+    generation: int
+
+
+_roster: Roster | None = None
+# The roster's reading in progress, shared by the requests that need it meanwhile.
+_roster_read: asyncio.Future[Roster] | None = None
 # Counts forget()s: a lookup that began before one may have read what changed since, so its
 # result is used once but not kept.
 _generation = 0
@@ -113,7 +136,10 @@ async def authenticate(authorization: str | None, query: dict[str, list[str]]) -
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                record = await _lookup(key_id)
+                roster = _roster_for(key_id)
+                if roster is None:
+                    roster = await _read_roster()
+                record = None if _unknown(key_id, roster) else await _lookup(key_id)
         principal = None
         if credential.token is not None:
             principal = tokens.cached(credential.token)
@@ -137,8 +163,12 @@ def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) ->
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                generation = _generation
-                record = _remember(key_id, _fetch_sync(key_id), generation)
+                roster = _roster_for(key_id) or _keep_roster(*_fetch_roster_sync())
+                if _unknown(key_id, roster):
+                    record = None
+                else:
+                    generation = _generation
+                    record = _remember(key_id, _fetch_sync(key_id), generation)
         principal = tokens.verify(credential.token) if credential.token is not None else None
         return _conclude(credential, record, principal)
     except Unauthorized:
@@ -199,9 +229,69 @@ def _cached(prefix: str) -> KeyRecord | Any | None:
         return _MISSING
     record, loaded = entry
     age = time.monotonic() - loaded
-    if age > (CACHE_SECONDS if record is not None else UNKNOWN_SECONDS):
+    if age > (CACHE_SECONDS if record is not None else settings.DS_AUTH_UNKNOWN_KEY_SECS):
         return _MISSING
     return record
+
+
+def _roster_for(prefix: str) -> Roster | None:
+    """The roster to judge ``prefix`` by; None when it must be read (again)."""
+    roster = _roster
+    if roster is None or roster.generation != _generation:
+        return None
+    age = time.monotonic() - roster.loaded
+    listed = roster.ids is None or prefix in roster.ids
+    if age > CACHE_SECONDS or (not listed and age > settings.DS_AUTH_UNKNOWN_KEY_SECS):
+        return None
+    return roster
+
+
+def _unknown(prefix: str, roster: Roster) -> bool:
+    """Is there no key ``prefix`` by ``roster``? Not said of a roster read before keys last
+    changed (one may have been made meanwhile), nor without a list of ids."""
+    return roster.generation == _generation and roster.ids is not None and prefix not in roster.ids
+
+
+async def _read_roster() -> Roster:
+    """The roster from the database, one reading at a time (as _lookup)."""
+    global _roster_read
+    reading = _roster_read
+    if reading is None or reading.done():
+        reading = asyncio.ensure_future(_fetch_roster())
+        _roster_read = reading
+        reading.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return await asyncio.shield(reading)
+
+
+async def _fetch_roster() -> Roster:
+    from streams.store.pool import connection
+
+    generation = _generation
+    async with connection() as conn:
+        cur = await conn.execute(ROSTER_SQL, (ROSTER_MAX + 1,))
+        ids = [row[0] for row in await cur.fetchall()]
+    return _keep_roster(ids, generation)
+
+
+def _fetch_roster_sync() -> tuple[list[str], int]:
+    from django.db import connection
+
+    generation = _generation
+    with connection.cursor() as cursor:
+        cursor.execute(ROSTER_SQL, [ROSTER_MAX + 1])
+        return [row[0] for row in cursor.fetchall()], generation
+
+
+def _keep_roster(ids: list[str], generation: int) -> Roster:
+    """The roster of ``ids``, read at ``generation``; kept unless keys changed since."""
+    global _roster
+    roster = Roster(
+        frozenset(ids) if len(ids) <= ROSTER_MAX else None, time.monotonic(), generation
+    )
+    with _lock:
+        if generation == _generation:
+            _roster = roster
+    return roster
 
 
 async def _lookup(prefix: str) -> KeyRecord | None:
@@ -284,12 +374,13 @@ def _fetch_sync(prefix: str) -> KeyRecord | None:
 def forget(_payload: str = "") -> None:
     """Drop every cached key (a key or grant changed somewhere, or notifications may have
     been missed)."""
-    global _generation
+    global _generation, _roster, _roster_read
     with _lock:
         _generation += 1
         _records.clear()
         _matched.clear()
         _lookups.clear()
+        _roster = _roster_read = None
     tokens.forget()
 
 

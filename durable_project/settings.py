@@ -284,6 +284,10 @@ if DS_AUTH_MODE not in ("keys", "open"):
 DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
 # Signed URLs may be valid for at most this long.
 DS_AUTH_SIGNED_URL_MAX_SECS = env.int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600)
+# A key id that is not on a process's list of key ids is refused from the list; the list is
+# read again for such an id at most this often (access.auth). Keys made since reach the
+# processes at once by NOTIFY; this covers one made in the instant before its NOTIFY arrives.
+DS_AUTH_UNKNOWN_KEY_SECS = env.float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0)
 # Tokens of an identity provider (JWT): the public keys (a JWKS URL or file), the issuer and
 # audience they must carry, the algorithms accepted and the claim holding their grants.
 DS_AUTH_JWT_JWKS_URL = env.str("DS_AUTH__JWT_JWKS_URL", default="")
