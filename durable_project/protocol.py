@@ -19,7 +19,11 @@ makes the next ``send`` wait while that buffer is over its high-water mark; a cl
 reading, or reads a byte now and then, kept that ``send`` waiting for as long as it liked, and
 with it the response it was being sent (megabytes per connection: an 8 MiB catch-up read, an
 SSE session). So a connection whose buffer stays full for ``DS_SERVER__SEND_TIMEOUT_SECS`` is
-aborted, on every route. Aborted, not closed: a close waits for the buffer to drain, which a
+aborted, on every route, unless it took ``SEND_PROGRESS_BYTES`` of the buffer meanwhile: then
+it gets another deadline. A slow link is not a stalled client: with one block of an answer
+(1 MiB) to take per deadline, links slower than about 35 KB/s were cut off at 30 s (and
+started again from the same offset, to be cut off again), while the floor now is 64 KiB per
+deadline, about 2 KB/s. Aborted, not closed: a close waits for the buffer to drain, which a
 client that never reads never lets happen; an abort drops the buffer at once, and with
 ``SO_LINGER`` 0 the kernel drops what it held too and resets the connection. The deadline lives
 here, on the transport, so that it holds whatever wraps the application (tracing's middleware
@@ -34,9 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
 import struct
+import termios
 from typing import Any
 
 from django.conf import settings
@@ -50,7 +56,12 @@ MAX_HEAD_BYTES = 1024 * 1024
 # ``scope["extensions"][CUT]["cut"]()``.
 CUT = "durable_streams.cut"
 
+# A client that took at least this much of its connection's buffer since its write deadline
+# was set gets another one.
+SEND_PROGRESS_BYTES = 64 * 1024
+
 _LINGER_RESET = struct.pack("ii", 1, 0)
+_INT = struct.pack("i", 0)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +77,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._write_buffered = 0  # the buffer's size when the write deadline was set
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -106,9 +118,13 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         deadline to take enough of it."""
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(
-                settings.DS_SEND_TIMEOUT_SECS, self._write_timed_out
-            )
+            self._set_write_deadline()
+
+    def _set_write_deadline(self) -> None:
+        self._write_buffered = self._unsent()
+        self._write_timer = self.loop.call_later(
+            settings.DS_SEND_TIMEOUT_SECS, self._write_timed_out
+        )
 
     def resume_writing(self) -> None:
         self._stop_write_timer()
@@ -127,9 +143,25 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
+        if self._write_buffered - self._unsent() >= SEND_PROGRESS_BYTES:
+            self._set_write_deadline()  # taken slowly, but taken
+            return
         path = self.cycle.scope.get("path", "") if self.cycle is not None else ""
         logger.info("cut a connection that did not take its response in time: %s", path)
         self.cut()
+
+    def _unsent(self) -> int:
+        """The bytes written to this connection that its client has not taken yet: in the
+        transport's buffer, and in the kernel's (unsent or not acknowledged: ``SIOCOUTQ``).
+        The kernel's count matters: it may hold more than a deadline's worth of a slow link
+        (about 700 KB on loopback here), and takes more from the transport only once much of
+        it has gone, so the transport's buffer alone can stand still while the client reads."""
+        unsent = self.transport.get_write_buffer_size()
+        with contextlib.suppress(OSError, AttributeError, TypeError, ValueError):
+            sock = self.transport.get_extra_info("socket")
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, _INT)
+            unsent += struct.unpack("i", queued)[0]
+        return unsent
 
     def _stop_write_timer(self) -> None:
         if self._write_timer is not None:

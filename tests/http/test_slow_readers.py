@@ -289,6 +289,52 @@ def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(
         patient.stop()
 
 
+def _read_paced(server: ServerProcess, target: str, rate: float) -> bytes:
+    """The answer to GET ``target``, read by a client that takes at most ``rate`` bytes a
+    second; fails if the server cuts the connection first."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", server.port))
+    sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    received = bytearray()
+    began = time.monotonic()
+    with sock:
+        while b"\r\n\r\n" not in received or len(received) < _answer_length(received):
+            try:
+                chunk = sock.recv(16384)
+            except ConnectionResetError:  # cut off, what it had buffered dropped
+                chunk = b""
+            assert chunk, f"cut off after {len(received)} bytes"
+            received += chunk
+            time.sleep(max(0.0, began + len(received) / rate - time.monotonic()))
+    return bytes(received).split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_link_slower_than_a_block_per_deadline_gets_its_whole_answer(
+    start_server: object, client: httpx.Client
+) -> None:
+    """PROTOCOL.md 5.6: a slow link is not a stalled client. A client taking at most 768 KiB/s
+    needs more than a second for each 1 MiB block of its answer once the kernel's buffers are
+    full (the answer, 6 MiB, is more than they hold on loopback): with a 0.75 s deadline it was
+    cut off, though it never stopped reading. A deadline passes now when the client has taken
+    at least 64 KiB since it was set (durable_project.protocol.SEND_PROGRESS_BYTES); one
+    taking less is still cut off."""
+    patient = start_server(env={"DS_SERVER__SEND_TIMEOUT_SECS": "0.75"})  # type: ignore[operator]
+    try:
+        path = "slow/link"
+        message = bytes(range(256)) * (6 * 2**20 // 256)
+        assert client.put(patient.stream_url(path), headers=BINARY).status_code == 201
+        assert client.post(patient.stream_url(path), headers=BINARY, content=message).is_success
+        target = patient.stream_url(path).removeprefix(patient.base_url) + "?offset=-1"
+        assert _read_paced(patient, target, rate=768 * 1024) == message
+        with pytest.raises(AssertionError, match="cut off after"):
+            _read_paced(patient, target, rate=32 * 1024)  # 24 KiB a deadline
+        with pytest.raises(AssertionError, match="cut off after"):
+            _read_paced(patient, target, rate=16 * 1024)
+    finally:
+        patient.stop()
+
+
 def _answer_length(received: bytearray) -> int:
     """The whole length of an answer whose head is in ``received`` (its Content-Length)."""
     head, _, _ = bytes(received).partition(b"\r\n\r\n")
