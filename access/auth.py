@@ -13,13 +13,14 @@ it drops the cache, so a revoked key stops working everywhere within the notific
 latency. A lost LISTEN connection drops it too, and entries are reloaded after
 ``CACHE_SECONDS`` whatever happens.
 
-A key that does not exist costs no lookup either: each process also keeps the list of every
-key id (the roster, one statement, dropped and expired like the cache), and refuses an id not
-on it at once. Otherwise a client making up keys, each with a new id, had the database
-queried once per request (docs/reliability.md). An id not on the roster makes the process
-read the roster again, at most every ``DS_AUTH__UNKNOWN_KEY_SECS``: a key made an instant
-before its NOTIFY arrives is found that way. With more than ``ROSTER_MAX`` keys there is no
-roster, and each id is looked up as before.
+Keys not cached are looked up one by one, up to ``DS_AUTH__KEY_LOOKUPS_PER_SEC`` a second
+per process. Past that (a client making up keys, each with a new id, had the database queried
+once per request: docs/reliability.md), an id is first judged by the roster, the list of every
+key id (one statement, dropped and expired like the cache): an id not on it is refused
+without a lookup. An id not on the roster has it read again at most every
+``DS_AUTH__UNKNOWN_KEY_SECS``. So a key made an instant ago is found at once while lookups are
+within their rate, and at worst within that long (or when its NOTIFY arrives) beyond it. With
+more than ``ROSTER_MAX`` keys there is no roster, and each id is looked up.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class Roster:
 
 
 _roster: Roster | None = None
+# Lookups left to this process, and when they were counted (_may_look_up).
+_budget: tuple[float, float] = (float("inf"), 0.0)
 # The roster's reading in progress, shared by the requests that need it meanwhile.
 _roster_read: asyncio.Future[Roster] | None = None
 # Counts forget()s: a lookup that began before one may have read what changed since, so its
@@ -136,10 +139,7 @@ async def authenticate(authorization: str | None, query: dict[str, list[str]]) -
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                roster = _roster_for(key_id)
-                if roster is None:
-                    roster = await _read_roster()
-                record = None if _unknown(key_id, roster) else await _lookup(key_id)
+                record = await _record_of(key_id)
         principal = None
         if credential.token is not None:
             principal = tokens.cached(credential.token)
@@ -163,12 +163,7 @@ def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) ->
         if key_id is not None:
             record = _cached(key_id)
             if record is _MISSING:
-                roster = _roster_for(key_id) or _keep_roster(*_fetch_roster_sync())
-                if _unknown(key_id, roster):
-                    record = None
-                else:
-                    generation = _generation
-                    record = _remember(key_id, _fetch_sync(key_id), generation)
+                record = _record_of_sync(key_id)
         principal = tokens.verify(credential.token) if credential.token is not None else None
         return _conclude(credential, record, principal)
     except Unauthorized:
@@ -232,6 +227,41 @@ def _cached(prefix: str) -> KeyRecord | Any | None:
     if age > (CACHE_SECONDS if record is not None else settings.DS_AUTH_UNKNOWN_KEY_SECS):
         return _MISSING
     return record
+
+
+async def _record_of(prefix: str) -> KeyRecord | None:
+    """The record of a key not cached: looked up, unless lookups are past their rate and the
+    roster has no such key."""
+    if not _may_look_up():
+        roster = _roster_for(prefix) or await _read_roster()
+        if _unknown(prefix, roster):
+            return None
+    return await _lookup(prefix)
+
+
+def _record_of_sync(prefix: str) -> KeyRecord | None:
+    if not _may_look_up():
+        roster = _roster_for(prefix) or _keep_roster(*_fetch_roster_sync())
+        if _unknown(prefix, roster):
+            return None
+    generation = _generation
+    return _remember(prefix, _fetch_sync(prefix), generation)
+
+
+def _may_look_up() -> bool:
+    """Take one lookup from this process's budget (a token bucket of
+    DS_AUTH__KEY_LOOKUPS_PER_SEC, bursts up to as many)."""
+    global _budget
+    rate = settings.DS_AUTH_KEY_LOOKUPS_PER_SEC
+    now = time.monotonic()
+    with _lock:
+        tokens, then = _budget
+        tokens = min(rate, tokens + (now - then) * rate)
+        if tokens < 1:
+            _budget = (tokens, now)
+            return False
+        _budget = (tokens - 1, now)
+    return True
 
 
 def _roster_for(prefix: str) -> Roster | None:

@@ -284,10 +284,16 @@ if DS_AUTH_MODE not in ("keys", "open"):
 DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
 # Signed URLs may be valid for at most this long.
 DS_AUTH_SIGNED_URL_MAX_SECS = env.int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600)
-# A key id that is not on a process's list of key ids is refused from the list; the list is
-# read again for such an id at most this often (access.auth). Keys made since reach the
-# processes at once by NOTIFY; this covers one made in the instant before its NOTIFY arrives.
+# Keys a process has not cached are looked up one by one, up to this many a second (a token
+# bucket); past it, an id not on the process's list of every key id is refused without a
+# lookup, and the list is read again for such an id at most every DS_AUTH__UNKNOWN_KEY_SECS,
+# which is also how long a process remembers one id as unknown (access.auth).
+DS_AUTH_KEY_LOOKUPS_PER_SEC = env.float("DS_AUTH__KEY_LOOKUPS_PER_SEC", default=50.0)
 DS_AUTH_UNKNOWN_KEY_SECS = env.float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0)
+if DS_AUTH_KEY_LOOKUPS_PER_SEC < 0 or DS_AUTH_UNKNOWN_KEY_SECS <= 0:
+    raise ImproperlyConfigured(
+        "DS_AUTH__KEY_LOOKUPS_PER_SEC must be at least 0 and DS_AUTH__UNKNOWN_KEY_SECS above 0"
+    )
 # Tokens of an identity provider (JWT): the public keys (a JWKS URL or file), the issuer and
 # audience they must carry, the algorithms accepted and the claim holding their grants.
 DS_AUTH_JWT_JWKS_URL = env.str("DS_AUTH__JWT_JWKS_URL", default="")
