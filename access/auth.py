@@ -253,10 +253,10 @@ def _may_look_up() -> bool:
     DS_AUTH__KEY_LOOKUPS_PER_SEC, bursts up to as many)."""
     global _budget
     rate = settings.DS_AUTH_KEY_LOOKUPS_PER_SEC
-    now = time.monotonic()
     with _lock:
+        now = time.monotonic()
         tokens, then = _budget
-        tokens = min(rate, tokens + (now - then) * rate)
+        tokens = min(max(rate, 1.0) if rate else 0.0, tokens + (now - then) * rate)
         if tokens < 1:
             _budget = (tokens, now)
             return False

@@ -5,12 +5,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from streams.store.failures import refusal_for
 from streams.store.pool import RETRY_AFTER_SECS, is_connection_failure
 
 logger = logging.getLogger(__name__)
+
+
+class ReleaseDatabaseMiddleware:
+    """Gives a request's database connection back to the pool once its answer is made, before
+    it is sent (the outermost middleware: the others' work on the answer, a session saved, is
+    done by then). Django gives it back when the request finishes, after the last byte went
+    out: a client taking a large answer slowly, as slow links do and the write deadline allows
+    (durable_project.protocol), held one of the process's few pooled connections meanwhile,
+    and a few such clients made every other Django-served request wait for one and fail (503).
+    A streamed answer, which may read the database as it goes, keeps its connection; none of
+    the project's answers is one."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if not response.streaming:
+            for connection in connections.all(initialized_only=True):
+                if not connection.in_atomic_block:
+                    connection.close()
+        return response
 
 
 class DatabaseErrorMiddleware:

@@ -134,6 +134,9 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         """Abort the connection, dropping what it buffered (a pending ``send`` returns, and
         ``receive`` reports the client gone)."""
         self._stop_write_timer()
+        if self.transport.is_closing():  # its descriptor may be another connection's by now
+            self.transport.abort()
+            return
         # ValueError: the socket of a connection already closed has no descriptor any more.
         with contextlib.suppress(OSError, AttributeError, TypeError, ValueError):
             self.transport.get_extra_info("socket").setsockopt(
@@ -157,6 +160,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         (about 700 KB on loopback here), and takes more from the transport only once much of
         it has gone, so the transport's buffer alone can stand still while the client reads."""
         unsent = self.transport.get_write_buffer_size()
+        if self.transport.is_closing():  # its descriptor may be another connection's by now
+            return unsent
         with contextlib.suppress(OSError, AttributeError, TypeError, ValueError):
             sock = self.transport.get_extra_info("socket")
             queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, _INT)

@@ -9,6 +9,7 @@ Protocol settings use the peer server's names (``DS_SECTION__NAME``).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "durable_project.middleware.ReleaseDatabaseMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "durable_project.middleware.DatabaseErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -290,9 +292,11 @@ DS_AUTH_SIGNED_URL_MAX_SECS = env.int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 
 # which is also how long a process remembers one id as unknown (access.auth).
 DS_AUTH_KEY_LOOKUPS_PER_SEC = env.float("DS_AUTH__KEY_LOOKUPS_PER_SEC", default=50.0)
 DS_AUTH_UNKNOWN_KEY_SECS = env.float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0)
-if DS_AUTH_KEY_LOOKUPS_PER_SEC < 0 or DS_AUTH_UNKNOWN_KEY_SECS <= 0:
+if not (DS_AUTH_KEY_LOOKUPS_PER_SEC >= 0 and math.isfinite(DS_AUTH_KEY_LOOKUPS_PER_SEC)) or not (
+    DS_AUTH_UNKNOWN_KEY_SECS > 0 and math.isfinite(DS_AUTH_UNKNOWN_KEY_SECS)
+):
     raise ImproperlyConfigured(
-        "DS_AUTH__KEY_LOOKUPS_PER_SEC must be at least 0 and DS_AUTH__UNKNOWN_KEY_SECS above 0"
+        "DS_AUTH__KEY_LOOKUPS_PER_SEC must be a number from 0 on, DS_AUTH__UNKNOWN_KEY_SECS above 0"
     )
 # Tokens of an identity provider (JWT): the public keys (a JWKS URL or file), the issuer and
 # audience they must carry, the algorithms accepted and the claim holding their grants.

@@ -277,6 +277,11 @@ def parse_streams_body(body: dict[str, Any]) -> list[str]:
 # -- wakes: callbacks, acks, releases, claims (PROTOCOL.md 7) -----------------------------------
 
 
+# Generations are PostgreSQL bigints: a larger number is no generation (and no statement
+# would take it).
+MAX_GENERATION = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Ack:
     stream: str
@@ -298,8 +303,12 @@ def parse_wake_report(body: dict[str, Any], *, acks_allowed: bool = True) -> Wak
     generation = body.get("generation")
     if not isinstance(wake_id, str) or not wake_id:
         raise invalid("wake_id must be a non-empty string")
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        raise invalid("generation must be a non-negative integer")
+    if (
+        not isinstance(generation, int)
+        or isinstance(generation, bool)
+        or not 0 <= generation <= MAX_GENERATION
+    ):
+        raise invalid(f"generation must be an integer from 0 to {MAX_GENERATION}")
     acks: list[Ack] = []
     raw_acks = body.get("acks") if acks_allowed else None
     if raw_acks is not None:

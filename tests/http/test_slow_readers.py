@@ -252,6 +252,51 @@ def test_a_client_that_never_reads_a_django_answer_is_cut_off(
     assert client.head(url(path)).status_code == 200
 
 
+def test_clients_taking_django_answers_slowly_hold_no_database_connection(
+    start_server: object, client: httpx.Client
+) -> None:
+    """A Django-served answer gives its database connection back to the pool once it is made,
+    not once its client has taken the last byte: four clients that took a state API page
+    slowly (here: not at all, within a deadline long enough to outlast the test) held the
+    process's pooled connections (two here), and every other Django-served request waited for
+    one and failed (503, found by review). Each answer has begun to arrive before the check."""
+    patient = start_server(  # type: ignore[operator]
+        env={
+            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
+            "DS_DB__DJANGO_POOL_MAX_SIZE": "2",
+            "DS_DB__ACQUIRE_TIMEOUT_SECS": "1",
+        }
+    )
+    stalled: list[socket.socket] = []
+    try:
+        path = "slow/state-held"
+        value = "v" * MESSAGE_BYTES
+        assert client.put(patient.stream_url(path), headers=JSON).status_code == 201
+        for n in range(8):
+            event = {
+                "type": "big",
+                "key": str(n),
+                "value": value,
+                "headers": {"operation": "insert"},
+            }
+            body = json.dumps([event])
+            assert client.post(patient.stream_url(path), headers=JSON, content=body).is_success
+        registered = client.post(f"{patient.base_url}/v1/state/streams", json={"stream": path})
+        assert registered.status_code == 201
+        target = f"/v1/state/entities?stream={path}&page_size=100"
+        for _ in range(4):
+            sock = _stalled_at(patient, target)
+            stalled.append(sock)
+            sock.settimeout(30)
+            assert sock.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")
+        listing = client.get(f"{patient.base_url}/v1/streams")
+        assert listing.status_code == 200, listing.text
+    finally:
+        for sock in stalled:
+            sock.close()
+        patient.stop()
+
+
 def test_a_slow_reader_that_keeps_reading_gets_its_whole_answer(
     start_server: object, client: httpx.Client
 ) -> None:
