@@ -43,6 +43,8 @@ CACHE_SECONDS = 60.0
 MAX_CACHED = 10_000
 ROSTER_MAX = 100_000
 ROSTER_SQL = "SELECT k.prefix FROM ds_api_key AS k LIMIT %s"
+# The rate limits' bucket of this process's key lookups (no key id has a space in it).
+LOOKUP_BUDGET = "key lookups"
 KEY_SQL = (
     "SELECT k.name, k.hashed_key, k.revoked, k.expiry_date, k.rate_limit,"
     " coalesce(json_agg(json_build_array(g.prefix, g.read, g.append, g.manage))"
@@ -98,8 +100,6 @@ class Roster:
 
 
 _roster: Roster | None = None
-# Lookups left to this process, and when they were counted (_may_look_up).
-_budget: tuple[float, float] = (float("inf"), 0.0)
 # The roster's reading in progress, shared by the requests that need it meanwhile.
 _roster_read: asyncio.Future[Roster] | None = None
 # Counts forget()s: a lookup that began before one may have read what changed since, so its
@@ -249,19 +249,8 @@ def _record_of_sync(prefix: str) -> KeyRecord | None:
 
 
 def _may_look_up() -> bool:
-    """Take one lookup from this process's budget (a token bucket of
-    DS_AUTH__KEY_LOOKUPS_PER_SEC, bursts up to as many)."""
-    global _budget
-    rate = settings.DS_AUTH_KEY_LOOKUPS_PER_SEC
-    with _lock:
-        now = time.monotonic()
-        tokens, then = _budget
-        tokens = min(max(rate, 1.0) if rate else 0.0, tokens + (now - then) * rate)
-        if tokens < 1:
-            _budget = (tokens, now)
-            return False
-        _budget = (tokens - 1, now)
-    return True
+    """Take one lookup from this process's budget (DS_AUTH__KEY_LOOKUPS_PER_SEC)."""
+    return ratelimit.spend(LOOKUP_BUDGET, settings.DS_AUTH_KEY_LOOKUPS_PER_SEC) is None
 
 
 def _roster_for(prefix: str) -> Roster | None:
