@@ -1,14 +1,20 @@
 // The shapes of the upstream benchmark package (@durable-streams/benchmarks), run through the
 // official TypeScript client against one server, for bench/compare.py.
 //
-// Usage: node upstream-shapes.mjs --base-url URL --prefix PATH [--latency-iterations N]
-//          [--small-iterations N] [--small-count N] [--large-iterations N] [--large-count N]
+// Usage: node upstream-shapes.mjs --base-url URL --prefix PATH [--warmup-iterations N]
+//          [--latency-iterations N] [--small-iterations N] [--small-count N]
+//          [--large-iterations N] [--large-count N]
 //
 // (a) latency: per iteration create a stream, long-poll from its tail, append 100 B and
 //     receive it (once as warm-up, once measured: "rtt"), delete the stream ("cycle" is the
 //     whole iteration, create to delete);
 // (b) small: 1,000 appends of 100 B to one stream, 75 at a time (Promise.all, as upstream);
 // (c) large: 50 appends of 1 MiB, 15 at a time.
+// Each shape first runs --warmup-iterations (5) iterations that are not measured, as upstream's
+// harness does: vitest's bench() runs tinybench, which calls a task at least warmupIterations
+// times (5 in tinybench 2, 16 in later versions) before its measured iterations. Without them
+// every shape's first iterations measure this client process's own start (its JIT, its heap)
+// and the server's first requests of that size. Their figures are reported apart ("warmup_*").
 // The client's DurableStream.append batches overlapping calls into one POST (its default,
 // as upstream runs it). Unlike upstream, the last group is only what is left, so exactly
 // the stated number of appends is sent and counted.
@@ -28,6 +34,7 @@ const { values } = parseArgs({
   options: {
     "base-url": { type: "string" },
     prefix: { type: "string" },
+    "warmup-iterations": { type: "string", default: "5" },
     "latency-iterations": { type: "string", default: "20" },
     "small-iterations": { type: "string", default: "3" },
     "small-count": { type: "string", default: "1000" },
@@ -108,20 +115,30 @@ async function throughputIteration(kind, index, count, size, inFlight) {
   return { rate: count / seconds, stream: { url, tag, count, size } }
 }
 
-const report = { rtt_ms: [], cycle_ms: [], small_msgs_per_s: [], large_msgs_per_s: [], streams: [] }
-for (let i = 0; i < Number(values["latency-iterations"]); i++) {
-  const { rtt, cycle } = await latencyIteration(i)
-  report.rtt_ms.push(rtt)
-  report.cycle_ms.push(cycle)
+const warmups = Number(values["warmup-iterations"])
+const report = {
+  rtt_ms: [], cycle_ms: [], small_msgs_per_s: [], large_msgs_per_s: [], streams: [],
+  warmup_rtt_ms: [], warmup_cycle_ms: [], warmup_small_msgs_per_s: [], warmup_large_msgs_per_s: [],
 }
-for (let i = 0; i < Number(values["small-iterations"]); i++) {
-  const { rate, stream } = await throughputIteration("small", i, Number(values["small-count"]), 100, 75)
-  report.small_msgs_per_s.push(rate)
-  report.streams.push(stream)
+// Warm-up iterations first (figures under "warmup_"), then the measured ones.
+for (const [key, iterations] of [["warmup_", warmups], ["", Number(values["latency-iterations"])]]) {
+  for (let i = 0; i < iterations; i++) {
+    const { rtt, cycle } = await latencyIteration(`${key}${i}`)
+    report[`${key}rtt_ms`].push(rtt)
+    report[`${key}cycle_ms`].push(cycle)
+  }
 }
-for (let i = 0; i < Number(values["large-iterations"]); i++) {
-  const { rate, stream } = await throughputIteration("large", i, Number(values["large-count"]), 1 << 20, 15)
-  report.large_msgs_per_s.push(rate)
-  report.streams.push(stream)
+const throughputShapes = [
+  ["small", "small-iterations", Number(values["small-count"]), 100, 75],
+  ["large", "large-iterations", Number(values["large-count"]), 1 << 20, 15],
+]
+for (const [kind, iterationsFlag, count, size, inFlight] of throughputShapes) {
+  for (const [key, iterations] of [["warmup_", warmups], ["", Number(values[iterationsFlag])]]) {
+    for (let i = 0; i < iterations; i++) {
+      const { rate, stream } = await throughputIteration(`${key}${kind}`, i, count, size, inFlight)
+      report[`${key}${kind}_msgs_per_s`].push(rate)
+      report.streams.push(stream)
+    }
+  }
 }
 console.log(JSON.stringify(report))
