@@ -226,6 +226,11 @@ DS_HEAD_TIMEOUT_SECS = env.float("DS_HTTP__HEAD_TIMEOUT_SECS", default=30.0)
 DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=8 * 1024**2)
 # ... and at most this many messages, so a stream of tiny messages is read in bounded steps.
 DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
+# Past this many bytes of answers a process holds while their clients take them, reads carry at
+# most 64 KiB each (streams.held_answers): slow clients cannot make a process hold gigabytes.
+DS_READ_HELD_ANSWERS_BYTES = env.int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1024**2)
+if DS_READ_HELD_ANSWERS_BYTES < 0:
+    raise ImproperlyConfigured("DS_READ__HELD_ANSWERS_BYTES must be 0 or more")
 # Connections in each server process's async pool. Small is fast: appends to one stream queue
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)

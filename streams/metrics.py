@@ -197,6 +197,9 @@ BATCH_REQUESTS = _metric(
 
 # -- reads ------------------------------------------------------------------------------------
 CATCH_UP_BYTES = _metric("counter", "ds_catch_up_bytes", "Bytes of messages sent by catch-up reads")
+HELD_ANSWER_BYTES = _metric(
+    "gauge", "ds_held_answer_bytes", "Bytes of answers being sent, held until clients take them"
+)
 LIVE_READERS = _metric("gauge", "ds_live_readers", "Live readers waiting or streaming", ("mode",))
 NOTIFY_LAG = _metric(
     "histogram", "ds_notify_lag_seconds",

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from access.auth import authenticate
-from streams import lifecycle
+from streams import held_answers, lifecycle
 from streams.errors import (
     BadRequest,
     Forbidden,
@@ -98,7 +98,8 @@ async def serve(
                 await _end_body(sender)
             return
         if response is not None:
-            with contextlib.suppress(ClientDisconnected):
+            # Held until its last block is handed to the connection (or the client left).
+            with contextlib.suppress(ClientDisconnected), held_answers.holding(response.length):
                 await send_response(sender, response, origin, head=method == "HEAD")
 
     if method == "GET":

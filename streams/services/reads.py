@@ -15,7 +15,7 @@ from dataclasses import replace
 from django.conf import settings
 
 from access.grants import Operation, Principal, stream_resource
-from streams import metrics
+from streams import held_answers, metrics
 from streams.live import Subscription, hub
 from streams.protocol.offsets import Offset, ReadStart
 from streams.store import reads
@@ -41,7 +41,7 @@ async def read(
     if start.at_tail:
         return await reads.stream_meta(path, touch=True), None
     meta, result = await reads.read_from(
-        path, start.offset, settings.DS_MAX_READ_BYTES, settings.DS_MAX_READ_MESSAGES
+        path, start.offset, _read_bytes(None), settings.DS_MAX_READ_MESSAGES
     )
     stream_ids.note(path, meta.id)
     metrics.CATCH_UP_BYTES.inc(result.size)
@@ -82,9 +82,10 @@ async def next_read(
 
 def _read_bytes(max_bytes: int | None) -> int:
     """What a read may carry: ``max_bytes`` asked for by the caller, never more than the
-    server's DS_MAX_READ_BYTES."""
+    server's DS_MAX_READ_BYTES, and little while the process holds its budget of answers
+    (streams.held_answers)."""
     limit = settings.DS_MAX_READ_BYTES
-    return limit if max_bytes is None else min(max_bytes, limit)
+    return held_answers.read_limit(limit if max_bytes is None else min(max_bytes, limit))
 
 
 def _with_separators(messages: list[bytes], separator: bytes) -> tuple[bytes, ...]:

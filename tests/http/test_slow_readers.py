@@ -426,3 +426,67 @@ def _dechunked(body: bytes) -> bytes:
         data += rest[:size]
         body = rest[size + 2 :]
     return bytes(data)
+
+
+HELD_BUDGET_BYTES = 12 * 1024 * 1024
+# DS_READ__MAX_CHUNK_BYTES's default: what a catch-up read carries within the budget.
+FULL_READ_BYTES = 8 * 1024 * 1024
+# streams.held_answers.TIGHT_READ_BYTES: what a read carries past the budget (at least one
+# message, and these are larger).
+TIGHT_MESSAGE_BYTES = 128 * 1024
+
+
+def test_answers_held_by_slow_clients_past_the_budget_make_reads_small(
+    start_server: object, client: httpx.Client
+) -> None:
+    """A client on a slow link holds its answer's memory until it has taken it, and the write
+    deadline lets one that keeps reading keep its connection: a few hundred could make a
+    process hold gigabytes. Past DS_READ__HELD_ANSWERS_BYTES held (12 MiB here), reads carry
+    at most 64 KiB, at least one message (streams.held_answers): two stalled readers hold 8 MiB
+    answers each, and meanwhile another client reads one message per request, yet the whole
+    stream; once they leave, a read carries 8 MiB again (what was held was given back). Before,
+    every read carried 8 MiB whatever the process held."""
+    patient = start_server(  # type: ignore[operator]
+        env={
+            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
+            "DS_READ__HELD_ANSWERS_BYTES": str(HELD_BUDGET_BYTES),
+        }
+    )
+    path = "slow/held-budget"
+    stream = patient.stream_url(path)
+    total = 16 * 1024 * 1024
+    assert client.put(stream, headers=BINARY).status_code == 201
+    for n in range(total // TIGHT_MESSAGE_BYTES):
+        body = bytes([n % 251]) * TIGHT_MESSAGE_BYTES
+        assert client.post(stream, content=body, headers=BINARY).is_success
+
+    def first_read() -> int:
+        response = client.get(stream, params={"offset": "-1"})
+        assert response.status_code == 200
+        return len(response.content)
+
+    assert first_read() == FULL_READ_BYTES
+    stalled: list[socket.socket] = []
+    try:
+        for _ in range(2):
+            sock = _stalled_at(patient, f"{url(path)}?offset=-1")
+            stalled.append(sock)
+            sock.settimeout(30)
+            assert sock.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")
+        assert first_read() == TIGHT_MESSAGE_BYTES
+        offset, read, requests = "-1", 0, 0
+        while True:
+            response = client.get(stream, params={"offset": offset})
+            assert response.status_code == 200
+            read, requests = read + len(response.content), requests + 1
+            offset = response.headers["Stream-Next-Offset"]
+            if response.headers.get("Stream-Up-To-Date") == "true":
+                break
+        assert (read, requests) == (total, total // TIGHT_MESSAGE_BYTES)
+    finally:
+        for sock in stalled:
+            sock.close()
+    deadline = time.monotonic() + MARGIN_SECS
+    while first_read() != FULL_READ_BYTES:
+        assert time.monotonic() < deadline, "reads stayed small after the slow clients left"
+        time.sleep(0.2)
