@@ -56,10 +56,15 @@ ALLOWED_REQUEST_HEADERS = ", ".join(
     ]
 )
 
-# Browser security headers (PROTOCOL.md 12.7), on every answer including errors.
+# Browser security headers (PROTOCOL.md 12.7), on every answer including errors. A stream's
+# data is a client's, served on the server's own origin with the content type its writer
+# chose: opened in a browser (a signed read URL is a plain link), an HTML or SVG stream would
+# run its scripts with the session of whoever opened it. The sandbox gives such a document an
+# origin of its own and no scripts; fetch, EventSource and the clients ignore it.
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-resource-policy", b"cross-origin"),
+    (b"content-security-policy", b"sandbox; default-src 'none'"),
 ]
 
 
