@@ -65,6 +65,7 @@ def publish_table(
                 raise BadRequest(f"{target.name} has no column(s) {', '.join(map(repr, unknown))}")
             columns = list(dict.fromkeys(columns))
         tables.lock(target, "SHARE ROW EXCLUSIVE")
+        _require_publishable(target)
         if TablePublication.objects.filter(table_oid=target.oid).exists():
             raise Conflict(f"{target.name} is already published")
         stream_row, created = _publishable_stream(path, created_by)
@@ -88,6 +89,32 @@ def publish_table(
             publication.snapshot_rows = rows
             publication.save(update_fields=["snapshot_rows"])
     return Published(publication, created, rows)
+
+
+def _require_publishable(target: tables.Table) -> None:
+    """What the publication's statement triggers cannot capture whole, refused: a partitioned
+    table or a partition (a statement's triggers are those of the table it names, so writes to
+    a partition, or through the parent, would be missed), and a column whose values would
+    become JSON through a cast a client may have written (ds_tablesync_require_plain in
+    sql/tablesync.sql), which the server's rights would run."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relkind = 'p' OR c.relispartition, ds_tablesync_unplain_column(c.oid)"
+            " FROM pg_class AS c WHERE c.oid = %s",
+            [target.oid],
+        )
+        partitioned, unplain = cursor.fetchone()
+    if partitioned:
+        raise BadRequest(
+            f"{target.name} is partitioned or a partition: publish a table that is neither"
+        )
+    if unplain is not None:
+        raise BadRequest(
+            f"column {unplain!r} of {target.name} has a type table sync cannot publish: an"
+            " enum, a range or another type not built in (or one in an array or composite)"
+            " becomes JSON through a cast its owner may write; use a built-in type, or a"
+            " domain over one"
+        )
 
 
 def _publishable_stream(path: str, created_by: str) -> tuple[Stream, bool]:

@@ -109,6 +109,63 @@ BEGIN
 END;
 $$;
 
+-- Whether to_json turns values of this type into JSON without calling code a client may have
+-- written. It looks through domains, arrays and composite types (as to_json does) to the types
+-- of their values, and uses a cast to json for such a value's type when it is not built in: a
+-- cast whose owner (the type's owner) wrote it, which would run with the rights of whoever
+-- calls to_json, the server's in the publication trigger (SECURITY DEFINER) and the snapshot.
+-- So a value's type must be built in or owned by the server's role (or a superuser), who alone
+-- could give it a cast; neither changes under a statement that writes the table (ALTER TYPE ... OWNER TO
+-- needs the new owner's rights).
+CREATE OR REPLACE FUNCTION ds_tablesync_type_is_plain(p_type oid) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t record;
+BEGIN
+    LOOP
+        SELECT typtype, typbasetype, typelem, typsubscript, typrelid, typowner
+          INTO t FROM pg_catalog.pg_type WHERE oid = p_type;
+        IF t.typtype = 'd' THEN
+            p_type := t.typbasetype;
+        ELSIF t.typelem <> 0
+              AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc THEN
+            p_type := t.typelem;
+        ELSIF t.typtype = 'c' THEN
+            RETURN ds_tablesync_unplain_column(t.typrelid) IS NULL;
+        ELSE
+            RETURN p_type < 16384  -- FirstNormalObjectId: built in
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r WHERE r.oid = t.typowner
+                              AND (r.rolname = current_user OR r.rolsuper));
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- The first column of a table (or composite type's relation) whose type is not plain, or NULL.
+CREATE OR REPLACE FUNCTION ds_tablesync_unplain_column(p_relid oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT a.attname::text FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = p_relid AND a.attnum > 0 AND NOT a.attisdropped
+       AND NOT ds_tablesync_type_is_plain(a.atttypid)
+     ORDER BY a.attnum LIMIT 1
+$$;
+
+-- Refuse to turn a table's rows into JSON when a column's type could run a client's cast.
+CREATE OR REPLACE FUNCTION ds_tablesync_require_plain(p_relid oid) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_column text := ds_tablesync_unplain_column(p_relid);
+BEGIN
+    IF v_column IS NOT NULL THEN
+        RAISE EXCEPTION 'column % of table % has a type table sync cannot publish', v_column,
+            p_relid::regclass
+            USING HINT = 'its values (an enum, a range or another type not built in, or one in'
+                ' an array or composite) would become JSON through a cast its type''s owner may'
+                ' write, with the server''s rights; use a built-in type, or a domain over one';
+    END IF;
+END;
+$$;
+
 -- The statement-level trigger on a published table (TG_ARGV[0]: the publication's id). It runs
 -- at the end of each statement, outside any stream lock, and only stages the events; the
 -- deferred ds_tablesync_flush appends them when the transaction commits. An UPDATE pairs old
@@ -139,6 +196,9 @@ BEGIN
     END IF;
     v_type := to_json(p.entity_type)::text;
     v_key := CASE WHEN cardinality(p.key_columns) = 1 THEN p.key_columns[1] END;
+    IF TG_OP <> 'TRUNCATE' THEN
+        PERFORM ds_tablesync_require_plain(TG_RELID);
+    END IF;
     IF TG_OP = 'TRUNCATE' THEN
         -- Every row is gone: clients clear their state (STATE-PROTOCOL.md 4.2.2).
         OPEN c FOR SELECT ds_tablesync_control('reset');
@@ -151,7 +211,7 @@ BEGIN
                        CASE WHEN p.columns IS NULL THEN r.j::text
                             ELSE ds_tablesync_value(r.j, p.columns) END,
                        v_insert)
-              FROM (SELECT to_json(t) AS j FROM ds_new AS t OFFSET 0) AS r;
+              FROM (SELECT to_json(t.*) AS j FROM ds_new AS t OFFSET 0) AS r;
     ELSIF TG_OP = 'DELETE' THEN
         v_delete := ds_tablesync_headers('delete');
         OPEN c FOR
@@ -159,7 +219,7 @@ BEGIN
                        CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
                             ELSE ds_tablesync_key(r.j, p.key_columns) END,
                        NULL, v_delete)
-              FROM (SELECT to_json(t) AS j FROM ds_old AS t OFFSET 0) AS r;
+              FROM (SELECT to_json(t.*) AS j FROM ds_old AS t OFFSET 0) AS r;
     ELSE
         v_insert := ds_tablesync_headers('insert');
         v_update := ds_tablesync_headers('update');
@@ -170,13 +230,13 @@ BEGIN
                             ELSE ds_tablesync_key(r.j, p.key_columns) END AS k,
                        CASE WHEN p.columns IS NULL THEN r.j::text
                             ELSE ds_tablesync_value(r.j, p.columns) END AS v
-                  FROM (SELECT to_json(t) AS j FROM ds_old AS t OFFSET 0) AS r
+                  FROM (SELECT to_json(t.*) AS j FROM ds_old AS t OFFSET 0) AS r
             ), n AS MATERIALIZED (
                 SELECT CASE WHEN v_key IS NOT NULL THEN r.j ->> v_key
                             ELSE ds_tablesync_key(r.j, p.key_columns) END AS k,
                        CASE WHEN p.columns IS NULL THEN r.j::text
                             ELSE ds_tablesync_value(r.j, p.columns) END AS v
-                  FROM (SELECT to_json(t) AS j FROM ds_new AS t OFFSET 0) AS r
+                  FROM (SELECT to_json(t.*) AS j FROM ds_new AS t OFFSET 0) AS r
             )
             SELECT ds_tablesync_event(v_type, o.k, NULL, v_delete)
               FROM o WHERE NOT EXISTS (SELECT 1 FROM n WHERE n.k = o.k)
@@ -274,6 +334,7 @@ DECLARE
 BEGIN
     SELECT p.table_oid::oid::regclass INTO STRICT v_table
       FROM ds_table_publication AS p WHERE p.id = p_publication_id;
+    PERFORM ds_tablesync_require_plain(v_table::oid);
     EXECUTE format('CREATE TRIGGER ds_tablesync_insert AFTER INSERT ON %s'
                    ' REFERENCING NEW TABLE AS ds_new FOR EACH STATEMENT'
                    ' EXECUTE FUNCTION ds_tablesync_capture(%L)', v_table, p_publication_id);
@@ -344,12 +405,13 @@ DECLARE
     r record;
 BEGIN
     SELECT * INTO STRICT p FROM ds_table_publication WHERE id = p_publication_id;
+    PERFORM ds_tablesync_require_plain(p.table_oid::oid);
     v_type := to_json(p.entity_type)::text;
     IF (SELECT s.next_seq > 0 FROM ds_stream AS s WHERE s.id = p.stream_id) THEN
         v_messages := v_messages || ds_tablesync_control('reset');
     END IF;
     v_messages := v_messages || ds_tablesync_control('snapshot-start');
-    FOR r IN EXECUTE format('SELECT to_json(t) AS j FROM %s AS t', p.table_oid::oid::regclass) LOOP
+    FOR r IN EXECUTE format('SELECT to_json(t.*) AS j FROM %s AS t', p.table_oid::oid::regclass) LOOP
         v_messages := v_messages || ds_tablesync_event(v_type,
             ds_tablesync_key(r.j, p.key_columns), ds_tablesync_value(r.j, p.columns), v_headers);
         v_rows := v_rows + 1;

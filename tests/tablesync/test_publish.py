@@ -442,3 +442,102 @@ def test_publish_and_unpublish_in_the_admin(
     assert deleted.status_code == 200, deleted.text[-2000:]
     pg.execute(f"DELETE FROM {table}")
     assert len(read_messages(client, path)[0]) == 4
+
+
+def test_a_table_writer_gains_no_rights_through_the_publication(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The publication trigger turns rows into JSON with the server's rights (SECURITY
+    DEFINER), and to_json turns a value of a type not built in through a cast to json, which
+    the type's owner may write: a role that owns a published table (no other rights) added a
+    column of its own enum type with such a cast, and its function ran as the server's role
+    (found by an adversarial probe; here it records current_user). Now the write that would run
+    it fails, and a table with such a column is refused at publish; types owned by the
+    server's role, and domains over built-in types, are published as before."""
+    role, table, owned = unique("ts_writer"), unique("writer_rows"), unique("writer_owned")
+    pg.execute(f"CREATE ROLE {role} NOLOGIN")
+    try:
+        pg.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, note text)")
+        pg.execute(f"ALTER TABLE {table} OWNER TO {role}")
+        command_ok(database_url, "publish_table", table, "--stream", f"tablesync/{table}")
+        with psycopg.connect(database_url, autocommit=True) as writer:
+            writer.execute(f"SET ROLE {role}")
+            writer.execute(f"CREATE TABLE {table}_seen (who text)")
+            writer.execute(f"CREATE TYPE {table}_mood AS ENUM ('happy')")
+            writer.execute(
+                f"CREATE FUNCTION {table}_json({table}_mood) RETURNS json LANGUAGE plpgsql AS"
+                f" $$ BEGIN INSERT INTO {table}_seen VALUES (current_user);"
+                " RETURN to_json($1::text); END $$"
+            )
+            writer.execute(
+                f"CREATE CAST ({table}_mood AS json) WITH FUNCTION {table}_json({table}_mood)"
+            )
+            writer.execute(f"ALTER TABLE {table} ADD COLUMN mood {table}_mood")
+            with pytest.raises(psycopg.errors.RaiseException, match="cannot publish"):
+                writer.execute(f"INSERT INTO {table} VALUES (1, 'x', 'happy')")
+            assert writer.execute(f"SELECT who FROM {table}_seen").fetchall() == []
+            writer.execute(f"INSERT INTO {table}_seen VALUES (current_user)")
+            assert writer.execute(f"SELECT who FROM {table}_seen").fetchall() == [(role,)]
+        command_ok(database_url, "unpublish_table", table)
+        assert "cannot publish" in command_fails(
+            database_url, "publish_table", table, "--stream", f"tablesync/{table}-again"
+        )
+
+        # The server's own enum type, a domain over a built-in type: published as before.
+        path = f"tablesync/{owned}"
+        pg.execute(f"CREATE TYPE {owned}_size AS ENUM ('s', 'm')")
+        pg.execute(f"CREATE DOMAIN {owned}_qty AS int CHECK (VALUE >= 0)")
+        pg.execute(
+            f"CREATE TABLE {owned} (id int PRIMARY KEY, size {owned}_size, qty {owned}_qty,"
+            f" sizes {owned}_size[])"
+        )
+        command_ok(database_url, "publish_table", owned, "--stream", path)
+        pg.execute(f"INSERT INTO {owned} VALUES (1, 'm', 3, ARRAY['s','m']::{owned}_size[])")
+        messages, _ = read_messages(client, path)
+        assert [m["value"] for m in messages] == [
+            {"id": 1, "size": "m", "qty": 3, "sizes": ["s", "m"]}
+        ]
+        command_ok(database_url, "unpublish_table", owned)
+    finally:
+        pg.execute(f"DROP OWNED BY {role} CASCADE")
+        pg.execute(f"DROP ROLE {role}")
+
+
+def test_a_column_named_like_the_row_publishes_the_row(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The trigger and the snapshot turn each row into JSON under an alias: a column of the
+    same name won, so a text column made every write fail ("has no key") and a jsonb one
+    published its own contents, keyed by them (found by an adversarial probe)."""
+    table = unique("aliased")
+    path = f"tablesync/{table}"
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, owner text, t jsonb, j text)")
+    pg.execute(f"INSERT INTO {table} VALUES (7, 'carol', '{{\"id\": 8}}', 'x')")
+    command_ok(database_url, "publish_table", table, "--stream", path, "--snapshot")
+    pg.execute(
+        f"""INSERT INTO {table} VALUES (1, 'alice', '{{"id": 42, "owner": "mallory"}}', 'y')"""
+    )
+    pg.execute(f"UPDATE {table} SET owner = 'bob' WHERE id = 1")
+    messages, _ = read_messages(client, path)
+    changes = [(m["key"], m["headers"]["operation"], m["value"]) for m in messages if "key" in m]
+    assert changes == [
+        ("7", "insert", {"id": 7, "owner": "carol", "t": {"id": 8}, "j": "x"}),
+        ("1", "insert", {"id": 1, "owner": "alice", "t": {"id": 42, "owner": "mallory"}, "j": "y"}),
+        ("1", "update", {"id": 1, "owner": "bob", "t": {"id": 42, "owner": "mallory"}, "j": "y"}),
+    ]
+    command_ok(database_url, "unpublish_table", table)
+
+
+def test_partitioned_tables_and_partitions_are_refused(
+    pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A statement's triggers are those of the table it names: a partitioned table's would miss
+    writes to its partitions, a partition's writes through the parent (found by an adversarial
+    probe). Both are refused at publish."""
+    table = unique("parted")
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    pg.execute(f"CREATE TABLE {table}_1 PARTITION OF {table} FOR VALUES FROM (0) TO (100)")
+    for name in (table, f"{table}_1"):
+        error = command_fails(database_url, "publish_table", name, "--stream", f"tablesync/{name}")
+        assert "partition" in error, error
