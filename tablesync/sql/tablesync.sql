@@ -625,8 +625,10 @@ END;
 $$;
 
 -- Apply [p_from, p_to), isolating the messages that do not fit: a range failing on data
--- (classes 22 and 23) is split in halves, down to single messages, which are recorded in
--- ds_sink_error and skipped. The order of everything applied is kept. Returns the errors.
+-- (classes 22 and 23; 21, two messages of one key in an upsert's batch; 54, a value past what
+-- an index or row holds) is split in halves, down to single messages, which are recorded in
+-- ds_sink_error and skipped. Other errors (the table gone, a right missing) fail the run,
+-- which applies nothing and is tried again. The order of everything applied is kept. Returns the errors.
 -- Each try is a subtransaction: one per run when all fits, about 2 log2(n) per misfit.
 CREATE OR REPLACE FUNCTION ds_sink_apply_isolating(
     k ds_stream_sink, p_statement text, p_from bigint, p_to bigint
@@ -642,7 +644,8 @@ BEGIN
     BEGIN
         PERFORM ds_sink_apply(k, p_statement, p_from, p_to);
         RETURN 0;
-    EXCEPTION WHEN data_exception OR integrity_constraint_violation THEN
+    EXCEPTION WHEN data_exception OR integrity_constraint_violation OR cardinality_violation
+              OR program_limit_exceeded THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_error = MESSAGE_TEXT;
     END;
     IF p_to - p_from > 1 THEN
@@ -676,6 +679,9 @@ DECLARE
     v_pos bigint;
     v_errors bigint;
 BEGIN
+    -- A deferred constraint of the table is checked where each try can isolate what breaks
+    -- it, not at commit, where it would fail the run again every time.
+    SET CONSTRAINTS ALL IMMEDIATE;
     SELECT * INTO k FROM ds_stream_sink WHERE id = p_sink_id FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN CASE WHEN EXISTS (SELECT 1 FROM ds_stream_sink WHERE id = p_sink_id)
