@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -140,8 +141,18 @@ class StateStreamFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[EntityState]) -> QuerySet:
         if self.value():
-            return queryset.filter(stream_id=int(self.value() or 0))
+            stream_id = _stream_id(self.value())
+            if stream_id is None:  # the change list shows its "invalid filter" page
+                raise IncorrectLookupParameters(f"not a stream id: {self.value()!r}")
+            return queryset.filter(stream_id=stream_id)
         return queryset
+
+
+def _stream_id(value: str | None) -> int | None:
+    """A stream id from a query parameter; None when it is not one (a link edited by hand)."""
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
 
 
 class EntityTypeFilter(admin.SimpleListFilter):
@@ -150,8 +161,9 @@ class EntityTypeFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         entities = EntityState.objects.all()
-        if request.GET.get("stream"):
-            entities = entities.filter(stream_id=request.GET["stream"])
+        stream_id = _stream_id(request.GET.get("stream"))
+        if stream_id is not None:
+            entities = entities.filter(stream_id=stream_id)
         types = entities.order_by("entity_type").values_list("entity_type", flat=True)
         return [(t, t) for t in types.distinct()[:200]]
 

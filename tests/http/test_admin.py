@@ -156,6 +156,12 @@ def test_admin_shows_state_streams_and_entities(
     assert "&quot;name&quot;: &quot;Ada&quot;" in entity.text
     assert 'class="ds-preview"' in entity.text and "durable_streams/admin.css" in entity.text
 
+    # A stream filter edited by hand is the admin's "invalid filter" answer, not a 500 (found
+    # by an adversarial probe).
+    for bad in ("abc", "1.5", "9" * 40, "١٢"):
+        answer = admin_client.get("/admin/state/entitystate/", params={"stream": bad})
+        assert answer.status_code in (200, 302), (bad, answer.status_code)
+
 
 def test_admin_shows_and_compacts_yjs_documents(
     admin_client: httpx.Client, client: httpx.Client
