@@ -19,6 +19,7 @@ __all__ = [
     "SchemaValidator",
     "compile_schemas",
     "judge",
+    "oversized",
     "rejection",
     "schema_error",
     "unstorable",
@@ -96,13 +97,34 @@ def unstorable(message: bytes) -> str | None:
     return None
 
 
+# An entity is found by its stream, type and key, in one btree index, whose rows hold at most
+# 2,704 bytes: a change event whose type and key are longer together cannot be materialized.
+MAX_IDENTITY_BYTES = 2000
+
+
+def oversized(event: StateEvent) -> str | None:
+    """Why a change event's type and key are too long to be materialized, or None."""
+    if not isinstance(event, ChangeEvent):
+        return None
+    size = len(event.type.encode("utf-8", "surrogatepass")) + len(
+        event.key.encode("utf-8", "surrogatepass")
+    )
+    if size > MAX_IDENTITY_BYTES:
+        return (
+            f"the type and key of a change event are at most {MAX_IDENTITY_BYTES} bytes"
+            f" together (UTF-8); these are {size}"
+        )
+    return None
+
+
 def rejection(
     event: StateEvent, message: bytes, validators: dict[str, SchemaValidator]
 ) -> str | None:
-    """Why a State Event is refused (its value fails the schema of its type, or PostgreSQL
-    cannot store its message), or None. The append validation and ``judge`` (both Python
-    materializers) ask this, so all three refuse the same events for the same reasons."""
-    return schema_error(event, validators) or unstorable(message)
+    """Why a State Event is refused (its value fails the schema of its type, its type and key
+    are too long, or PostgreSQL cannot store its message), or None. The append validation and
+    ``judge`` (both Python materializers) ask this, so all three refuse the same events for the
+    same reasons."""
+    return schema_error(event, validators) or oversized(event) or unstorable(message)
 
 
 def judge(
