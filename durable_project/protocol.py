@@ -78,6 +78,25 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_buffered = 0  # the buffer's size when the write deadline was set
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """A connection's first request must begin within ``DS_HEAD_TIMEOUT_SECS``: uvicorn
+        sets no timer before a first byte, so a client could hold any number of connections
+        that never send one (each a descriptor) for as long as it liked."""
+        super().connection_made(transport)
+        self._idle_timer = self.loop.call_later(settings.DS_HEAD_TIMEOUT_SECS, self._idle_timed_out)
+
+    def _idle_timed_out(self) -> None:
+        self._idle_timer = None
+        if not self.transport.is_closing():
+            logger.info("closed a connection that sent nothing in time")
+            self.transport.close()
+
+    def _stop_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -92,6 +111,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._stop_idle_timer()
         self._in_head = True
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(
@@ -106,6 +126,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_idle_timer()
         self._stop_head_timer()
         self._stop_write_timer()
         if self.scope is not None:

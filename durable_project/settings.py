@@ -218,7 +218,8 @@ DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_0
 # A request body's next part must arrive within this many seconds (408 otherwise).
 DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
 # A request's head (request line and headers) must be complete this many seconds after it began
-# (408 otherwise), under the production command's protocol (durable_project.protocol).
+# (408 otherwise), and a connection's first request must begin within it (closed otherwise),
+# under the production command's protocol (durable_project.protocol).
 DS_HEAD_TIMEOUT_SECS = env.float("DS_HTTP__HEAD_TIMEOUT_SECS", default=30.0)
 # A catch-up response carries at most about this many bytes (always at least one message).
 # What one response holds in memory while it is sent: the messages as read, plus one block of
