@@ -6,6 +6,7 @@ answered 4xx without changing anything."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from subscriptions.protocol import glob_matches
+from tests.conftest import ServerProcess
 from tests.subscriptions.support import (
     CONTROL,
     Receiver,
@@ -24,6 +26,7 @@ from tests.subscriptions.support import (
 )
 
 ZERO = "0000000000000000_0000000000000000"
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -352,3 +355,44 @@ def test_membership_changes_of_a_missing_subscription_are_404(
     assert client.delete(f"{base}/streams/a").status_code == 404
     assert client.post(f"{base}/streams", json={"streams": []}).status_code == 400
     assert client.post(f"{base}/claim", json={"worker": "w"}).status_code == 404
+
+
+def test_streams_created_while_pattern_subscriptions_come_and_go_are_created(
+    server: ServerProcess,
+) -> None:
+    """A stream's creation links it to the pattern subscriptions it matches, in its trigger,
+    while a subscription may be deleted at the same moment: the link's insert then named a
+    subscription gone, and the create answered 500 (40 of 480 in a soak probe). Creates racing
+    two loops that create and delete subscriptions over their paths must all succeed."""
+    prefix = f"race-{time.time_ns()}"
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def churn(worker: int) -> None:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            while not stop.is_set():
+                sub = f"{prefix}-sub-{worker}"
+                config = {"type": "pull-wake", "pattern": f"{prefix}/*",
+                          "wake_stream": f"{prefix}-wake-{worker}"}  # fmt: skip
+                assert put_subscription(http, sub, **config).status_code in (200, 201)
+                assert http.delete(f"{CONTROL}/subscriptions/{sub}").status_code in (200, 204)
+
+    def create(worker: int) -> None:
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            for i in range(60):
+                path = f"/v1/stream/{prefix}/k-{worker}-{i}"
+                statuses.append(http.put(path, headers=JSON).status_code)
+
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for worker in range(2):
+            http.put(f"/v1/stream/{prefix}-wake-{worker}", headers=JSON)
+    churners = [threading.Thread(target=churn, args=(w,)) for w in range(2)]
+    creators = [threading.Thread(target=create, args=(w,)) for w in range(4)]
+    for thread in churners + creators:
+        thread.start()
+    for thread in creators:
+        thread.join()
+    stop.set()
+    for thread in churners:
+        thread.join()
+    assert sorted(set(statuses)) == [201], {s: statuses.count(s) for s in set(statuses)}
