@@ -266,6 +266,11 @@ DS_RETENTION_PURGE_BATCH_ROWS = env.int("DS_RETENTION__PURGE_BATCH_ROWS", defaul
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+# State streams whose registration (compiled schemas) each process keeps for validating appends;
+# past it, the least recently used is dropped and read again when next needed.
+DS_STATE_CACHED_REGISTRATIONS = env.int("DS_STATE__CACHED_REGISTRATIONS", default=256)
+if DS_STATE_CACHED_REGISTRATIONS < 1:
+    raise ImproperlyConfigured("DS_STATE__CACHED_REGISTRATIONS must be 1 or more")
 # Compaction of state streams registered with it (state/compaction.py): a sweep this often
 # (0 = never: `manage.py compact_state` does it) compacts those with this many new events.
 DS_STATE_COMPACTION_INTERVAL_SECS = env.float("DS_STATE__COMPACTION_INTERVAL_SECS", default=60.0)

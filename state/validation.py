@@ -4,9 +4,11 @@ Every message of an append to a state stream must be a valid State Event, and a 
 must match the JSON Schema registered for its type, or the whole append is refused with 400
 naming the event's index and the reason; nothing of it is stored.
 
-Registrations are cached per process. A stream missing from the cache is assumed unregistered;
-the write path refuses an append validated under a stale assumption (``validation_stale``), and
-the caller asks again with ``refresh=True``, which reloads the registration from the database.
+Registrations are cached per process, at most DS_STATE__CACHED_REGISTRATIONS of them (the least
+recently used dropped first: a soak probe saw a process keep every deleted state stream's
+compiled schemas, 75 KB each). A stream missing from the cache is assumed unregistered; the
+write path refuses an append validated under a stale assumption (``validation_stale``), and the
+caller asks again with ``refresh=True``, which reloads the registration from the database.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from state.core import InvalidEvent, parse_event
 from state.core.schemas import SchemaError, SchemaValidator, compile_schemas, rejection
+from streams import metrics
 from streams.errors import BadRequest
 from streams.store.pool import connection
 
@@ -43,23 +48,37 @@ async def _load(path: str) -> Registration | None:
         row = await cur.fetchone()
     if row is None:
         _registrations.pop(path, None)
+        metrics.STATE_CACHED_REGISTRATIONS.set(len(_registrations))
         return None
     version, schemas = row
     cached = _registrations.get(path)
     if cached is not None and cached.version == version:
-        return cached  # versions change with every registration: the same rules
+        return _cached(path)  # versions change with every registration: the same rules
     try:
         registration = Registration(version, compile_schemas(schemas))
     except SchemaError:  # stored schemas are checked at registration; never expected
         registration = Registration(version, {})
+    _registrations.pop(path, None)
     _registrations[path] = registration
+    while len(_registrations) > settings.DS_STATE_CACHED_REGISTRATIONS:
+        del _registrations[next(iter(_registrations))]  # the least recently used
+    metrics.STATE_CACHED_REGISTRATIONS.set(len(_registrations))
+    return registration
+
+
+def _cached(path: str) -> Registration | None:
+    """The cached registration of ``path``, now the most recently used (a dict keeps the
+    order of insertion: moved to the end)."""
+    registration = _registrations.pop(path, None)
+    if registration is not None:
+        _registrations[path] = registration
     return registration
 
 
 async def validate_state_append(
     path: str, values: list[Any], messages: list[bytes], refresh: bool
 ) -> int | None:
-    registration = await _load(path) if refresh else _registrations.get(path)
+    registration = await _load(path) if refresh else _cached(path)
     if registration is None:
         return None
     try:
