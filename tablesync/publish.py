@@ -21,7 +21,7 @@ from streams.models import Stream
 from streams.protocol.headers import JSON, media_type
 from streams.store.outcomes import CREATE_SUCCESSES, CreateOutcome
 from tablesync import tables
-from tablesync.models import TablePublication
+from tablesync.models import StreamSink, TablePublication
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ def publish_table(
         if TablePublication.objects.filter(table_oid=target.oid).exists():
             raise Conflict(f"{target.name} is already published")
         stream_row, created = _publishable_stream(path, created_by)
+        if StreamSink.objects.filter(stream=stream_row, table_oid=target.oid).exists():
+            raise Conflict(
+                f"{path!r} is sunk into {target.name}: publishing the table to it would sink"
+                " each change it publishes again, without end"
+            )
         publication = TablePublication.objects.create(
             table_oid=target.oid,
             table_name=target.name,

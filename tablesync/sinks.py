@@ -21,7 +21,7 @@ from streams.protocol.headers import JSON, media_type
 from streams.protocol.offsets import BEGINNING, NOW, parse
 from tablesync import tables
 from tablesync.mapping import ColumnMap, parse_column_maps
-from tablesync.models import SinkMode, SinkState, StreamSink
+from tablesync.models import SinkMode, SinkState, StreamSink, TablePublication
 from tablesync.publish import check_stream_path
 
 DEFAULT_OFFSET_COLUMN = "stream_offset"
@@ -82,6 +82,11 @@ def create_sink(spec: SinkSpec) -> StreamSink:
         seq, pos = _start(stream, spec.start)
         if StreamSink.objects.filter(stream=stream, table_oid=table.oid).exists():
             raise Conflict(f"stream {path!r} is already sunk into {table.name}")
+        if TablePublication.objects.filter(stream=stream, table_oid=table.oid).exists():
+            raise Conflict(
+                f"{table.name} is published to {path!r}: sinking the stream into it would"
+                " publish each row it writes again, without end"
+            )
         return StreamSink.objects.create(
             stream=stream,
             stream_path=path,

@@ -623,3 +623,29 @@ def test_values_past_an_index_or_a_deferred_constraint_are_skipped_not_retried(
         [path],
     ).fetchall()
     assert errors == [("54000",), ("23503",)]
+
+
+def test_a_table_and_its_stream_cannot_feed_each_other(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A table published to a stream that is also sunk into it publishes each row the sink
+    writes again, without end (a soak probe saw 400 messages a second from one insert):
+    whichever of the two comes second is refused, and nothing of it is made."""
+    first, second = unique("loop_pub"), unique("loop_sink")
+    for table in (first, second):
+        pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, stream_offset text)")
+    command_ok(database_url, "publish_table", first, "--stream", f"tablesync/{first}")
+    error = command_fails(
+        database_url, "sink_stream", f"tablesync/{first}", "--table", first, "--map", "id::int"
+    )
+    assert "without end" in error, error
+    assert client.put(f"/v1/stream/tablesync/{second}", headers=JSON).status_code == 201
+    command_ok(
+        database_url, "sink_stream", f"tablesync/{second}", "--table", second, "--map", "id::int"
+    )
+    error = command_fails(database_url, "publish_table", second, "--stream", f"tablesync/{second}")
+    assert "without end" in error, error
+    assert pg.execute(
+        "SELECT count(*) FROM ds_table_publication WHERE table_name = %s", [second]
+    ).fetchone() == (0,)
+    command_ok(database_url, "unpublish_table", first)
