@@ -33,9 +33,11 @@ class SchemaValidator:
 
     Not the pure-Python ``jsonschema`` for explanations: its ``pattern`` runs Python's
     backtracking ``re`` on client values (one 31-character string against ``^(a+)+$`` kept a
-    worker busy until it was killed), and it recurses on nesting (a 500). jsonschema-rs uses
-    linear-time regular expressions (and a bounded backtracking engine where a pattern needs
-    one) and reports nesting past its limit as an error (docs/decisions.md)."""
+    worker busy until it was killed), and it recurses on nesting (a 500). jsonschema-rs, with
+    the linear-time regular expressions of ``RegexOptions`` (lookaround and backreferences
+    refused at registration: its default backtracking engine stops each match after a million
+    steps, 45 ms, and a value may hold thousands of matches), reports nesting past its limit as
+    an error (docs/decisions.md)."""
 
     schema: dict[str, Any]
     fast: Any
@@ -64,7 +66,9 @@ def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
             raise SchemaError(f"the schema of {entity_type!r} must be an object or a boolean")
         validator_for(schema).check_schema(schema)
         try:
-            fast = jsonschema_rs.validator_for(schema, offline=True)
+            fast = jsonschema_rs.validator_for(
+                schema, offline=True, pattern_options=jsonschema_rs.RegexOptions()
+            )
         except (ValueError, jsonschema_rs.ValidationError) as exc:
             raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
         compiled[entity_type] = SchemaValidator(schema, fast)

@@ -34,9 +34,7 @@ def own_client(start_server: object) -> Iterator[httpx.Client]:
         yield http
 
 
-@pytest.mark.parametrize(
-    "pattern", ["^(a+)+$", "^(?=a)(a+)+$", "^(a|aa)+$"], ids=["nested", "lookahead", "alt"]
-)
+@pytest.mark.parametrize("pattern", ["^(a+)+$", "^(a|aa)+$"], ids=["nested", "alt"])
 def test_a_backtracking_pattern_is_judged_at_once(
     own_client: httpx.Client, stream_path: str, pattern: str
 ) -> None:
@@ -49,6 +47,22 @@ def test_a_backtracking_pattern_is_judged_at_once(
     assert response.status_code == 400, response.text
     assert "does not match its schema" in response.text
     append_ok(own_client, stream_path, [change("t", "k", {"w": "a" * 40})])
+
+
+def test_patterns_only_a_backtracking_engine_runs_are_refused(
+    own_client: httpx.Client, stream_path: str
+) -> None:
+    """Lookaround and backreferences need a backtracking engine, whose step limit bounds one
+    match (45 ms), not a value: 100 strings under ``anyOf`` took 4.7 s (found by review). Such
+    patterns are refused at registration (400), in ``pattern`` and ``patternProperties``."""
+    create_json_stream(own_client, stream_path)
+    for schema in (
+        {"items": {"anyOf": [{"pattern": "^(a|a)*\\1b$"}, {"type": "string"}]}},
+        {"type": "string", "pattern": "^(?=a)(a+)+$"},
+        {"patternProperties": {"^(?!x)": {"type": "integer"}}},
+    ):
+        response = register(own_client, stream_path, {"t": schema})
+        assert response.status_code == 400, (schema, response.text)
 
 
 def test_a_schema_may_not_refer_to_other_documents(
