@@ -679,9 +679,6 @@ DECLARE
     v_pos bigint;
     v_errors bigint;
 BEGIN
-    -- A deferred constraint of the table is checked where each try can isolate what breaks
-    -- it, not at commit, where it would fail the run again every time.
-    SET CONSTRAINTS ALL IMMEDIATE;
     SELECT * INTO k FROM ds_stream_sink WHERE id = p_sink_id FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN CASE WHEN EXISTS (SELECT 1 FROM ds_stream_sink WHERE id = p_sink_id)
