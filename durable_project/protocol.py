@@ -85,12 +85,27 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         sets no timer before a first byte, so a client could hold any number of connections
         that never send one (each a descriptor) for as long as it liked."""
         super().connection_made(transport)
-        self._idle_timer = self.loop.call_later(settings.DS_HEAD_TIMEOUT_SECS, self._idle_timed_out)
+        self._start_idle_timer()
+
+    def on_response_complete(self) -> None:
+        """The next request must begin within ``DS_HEAD_TIMEOUT_SECS`` too: uvicorn's
+        keep-alive timer stops at any byte, and bytes that begin no request (an empty line)
+        stopped it for good."""
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None and not self._in_head:
+            self._start_idle_timer()  # nothing pipelined: uvicorn armed its keep-alive timer
+
+    def _start_idle_timer(self) -> None:
+        self._stop_idle_timer()
+        if not self.transport.is_closing():
+            self._idle_timer = self.loop.call_later(
+                settings.DS_HEAD_TIMEOUT_SECS, self._idle_timed_out
+            )
 
     def _idle_timed_out(self) -> None:
         self._idle_timer = None
         if not self.transport.is_closing():
-            logger.info("closed a connection that sent nothing in time")
+            logger.info("closed a connection that began no request in time")
             self.transport.close()
 
     def _stop_idle_timer(self) -> None:
