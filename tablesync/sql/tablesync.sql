@@ -150,12 +150,50 @@ LANGUAGE sql STABLE AS $$
      ORDER BY a.attnum LIMIT 1
 $$;
 
--- Refuse to turn a table's rows into JSON when a column's type could run a client's cast.
+-- A role other than the server's (and superusers) that may create objects in the schema these
+-- functions are installed in, or NULL. Such a role could put there a function or operator that
+-- PostgreSQL prefers to the built-in one an unqualified call means (an exact match of argument
+-- types beats pg_catalog's generic one, whatever the search path's order: a to_json(record)
+-- of its own, found by review), and the SECURITY DEFINER functions would run it with the
+-- server's rights. Only the schema's owner or a superuser can grant CREATE on it, so no such
+-- role can make itself one meanwhile. Group roles count (a member may SET ROLE to one); not
+-- pg_database_owner, whose one member, the database's owner, is looked at in its own right.
+CREATE OR REPLACE FUNCTION ds_tablesync_schema_creator() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT r.rolname::text FROM pg_catalog.pg_roles AS r
+     WHERE NOT r.rolsuper
+       AND r.rolname OPERATOR(pg_catalog.<>) current_user
+       AND r.rolname OPERATOR(pg_catalog.<>) 'pg_database_owner'
+       AND pg_catalog.has_schema_privilege(r.oid, current_schema(), 'CREATE')
+     ORDER BY r.rolname LIMIT 1
+$$;
+
+-- Refuse to run table sync's functions while another role could put functions of its own where
+-- theirs are resolved: called first by each function that runs with the server's rights for a
+-- table's writer, before any call such a function could stand in for.
+CREATE OR REPLACE FUNCTION ds_tablesync_require_trusted_schema() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_creator text := ds_tablesync_schema_creator();
+BEGIN
+    IF v_creator IS NOT NULL THEN
+        RAISE EXCEPTION 'role % may create objects in schema %, where table sync''s functions'
+            ' run with the server''s rights', v_creator, current_schema()
+            USING HINT = 'revoke CREATE on that schema from every role but the server''s,'
+                ' or install the server in a schema of its own';
+    END IF;
+END;
+$$;
+
+-- Refuse to turn a table's rows into JSON when a column's type could run a client's cast (or
+-- when the schema is not the server's alone).
 CREATE OR REPLACE FUNCTION ds_tablesync_require_plain(p_relid oid) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_column text := ds_tablesync_unplain_column(p_relid);
+    v_column text;
 BEGIN
+    PERFORM ds_tablesync_require_trusted_schema();
+    v_column := ds_tablesync_unplain_column(p_relid);
     IF v_column IS NOT NULL THEN
         RAISE EXCEPTION 'column % of table % has a type table sync cannot publish', v_column,
             p_relid::regclass
@@ -188,6 +226,7 @@ DECLARE
     v_event bytea;
     c refcursor;
 BEGIN
+    PERFORM ds_tablesync_require_trusted_schema();
     SELECT * INTO p FROM ds_table_publication WHERE id = TG_ARGV[0]::bigint;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % has a publication trigger without a publication (id %)',
@@ -301,6 +340,7 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     w record;
 BEGIN
+    PERFORM ds_tablesync_require_trusted_schema();
     PERFORM 1 FROM ds_tablesync_pending WHERE id = NEW.id;
     IF NOT FOUND THEN
         RETURN NULL;

@@ -453,33 +453,47 @@ def test_a_table_writer_gains_no_rights_through_the_publication(
     column of its own enum type with such a cast, and its function ran as the server's role
     (found by an adversarial probe; here it records current_user). Now the write that would run
     it fails, and a table with such a column is refused at publish; types owned by the
-    server's role, and domains over built-in types, are published as before."""
+    server's role, and domains over built-in types, are published as before. A role that may
+    create objects in the server's schema could stand in for a built-in function there (a
+    to_json(record) of its own, found by review): publishing is refused while one may, and so
+    are writes to tables already published."""
     role, table, owned = unique("ts_writer"), unique("writer_rows"), unique("writer_owned")
     pg.execute(f"CREATE ROLE {role} NOLOGIN")
     try:
-        pg.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
+        pg.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")  # where it may create things
         pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, note text)")
         pg.execute(f"ALTER TABLE {table} OWNER TO {role}")
         command_ok(database_url, "publish_table", table, "--stream", f"tablesync/{table}")
         with psycopg.connect(database_url, autocommit=True) as writer:
             writer.execute(f"SET ROLE {role}")
-            writer.execute(f"CREATE TABLE {table}_seen (who text)")
-            writer.execute(f"CREATE TYPE {table}_mood AS ENUM ('happy')")
+            writer.execute(f"SET search_path = {role}, public")
+            writer.execute("CREATE TABLE seen (who text)")
+            writer.execute("CREATE TYPE mood AS ENUM ('happy')")
             writer.execute(
-                f"CREATE FUNCTION {table}_json({table}_mood) RETURNS json LANGUAGE plpgsql AS"
-                f" $$ BEGIN INSERT INTO {table}_seen VALUES (current_user);"
-                " RETURN to_json($1::text); END $$"
+                "CREATE FUNCTION mood_json(mood) RETURNS json LANGUAGE plpgsql AS"
+                " $$ BEGIN INSERT INTO seen VALUES (current_user); RETURN to_json($1::text); END $$"
             )
-            writer.execute(
-                f"CREATE CAST ({table}_mood AS json) WITH FUNCTION {table}_json({table}_mood)"
-            )
-            writer.execute(f"ALTER TABLE {table} ADD COLUMN mood {table}_mood")
+            writer.execute("CREATE CAST (mood AS json) WITH FUNCTION mood_json(mood)")
+            writer.execute(f"ALTER TABLE public.{table} ADD COLUMN mood mood")
             with pytest.raises(psycopg.errors.RaiseException, match="cannot publish"):
-                writer.execute(f"INSERT INTO {table} VALUES (1, 'x', 'happy')")
-            assert writer.execute(f"SELECT who FROM {table}_seen").fetchall() == []
-            writer.execute(f"INSERT INTO {table}_seen VALUES (current_user)")
-            assert writer.execute(f"SELECT who FROM {table}_seen").fetchall() == [(role,)]
+                writer.execute(f"INSERT INTO public.{table} VALUES (1, 'x', 'happy')")
+            assert writer.execute("SELECT who FROM seen").fetchall() == []
+            writer.execute("INSERT INTO seen VALUES (current_user)")
+            assert writer.execute("SELECT who FROM seen").fetchall() == [(role,)]
+            writer.execute(f"ALTER TABLE public.{table} DROP COLUMN mood")
+            writer.execute(f"INSERT INTO public.{table} VALUES (1, 'x')")  # published again
+            pg.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+            with pytest.raises(psycopg.errors.RaiseException, match="may create objects"):
+                writer.execute(f"INSERT INTO public.{table} VALUES (2, 'y')")
+        pg.execute(f"CREATE TABLE {table}_other (id int PRIMARY KEY)")
+        assert "may create objects" in command_fails(
+            database_url, "publish_table", f"{table}_other", "--stream", f"tablesync/{table}-o"
+        )
+        pg.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
         command_ok(database_url, "unpublish_table", table)
+        with psycopg.connect(database_url, autocommit=True) as writer:
+            writer.execute(f"SET ROLE {role}")
+            writer.execute(f"ALTER TABLE public.{table} ADD COLUMN mood {role}.mood")
         assert "cannot publish" in command_fails(
             database_url, "publish_table", table, "--stream", f"tablesync/{table}-again"
         )
@@ -500,6 +514,8 @@ def test_a_table_writer_gains_no_rights_through_the_publication(
         ]
         command_ok(database_url, "unpublish_table", owned)
     finally:
+        pg.execute(f"DROP TABLE IF EXISTS {table}_other")
+        pg.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
         pg.execute(f"DROP OWNED BY {role} CASCADE")
         pg.execute(f"DROP ROLE {role}")
 
