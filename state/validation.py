@@ -55,8 +55,10 @@ async def _load(path: str) -> Registration | None:
     if cached is not None and cached.version == version:
         return _cached(path)  # versions change with every registration: the same rules
     try:
-        registration = Registration(version, compile_schemas(schemas))
-    except SchemaError:  # stored schemas are checked at registration; never expected
+        # Off the event loop: a large schema takes seconds to compile, and a process compiles
+        # again each registration it dropped from its cache.
+        registration = Registration(version, await asyncio.to_thread(compile_schemas, schemas))
+    except (SchemaError, RecursionError):  # checked at registration; never expected
         registration = Registration(version, {})
     _registrations.pop(path, None)
     _registrations[path] = registration

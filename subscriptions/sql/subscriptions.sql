@@ -279,19 +279,18 @@ END;
 $$;
 
 -- Delete (6.3): the links go with it; a wake in flight is fenced (its token names a row that
--- no longer exists). A pattern subscription is deleted under the link lock, as it is created:
--- a stream's creation links it to the pattern subscriptions its trigger finds, and one deleted
--- meanwhile failed that insert, and with it the create (a 500). The lock comes before the
--- row's: the trigger holds the lock shared when its insert checks the row.
+-- no longer exists). A subscription is deleted under the link lock, as a pattern one is
+-- created: a stream's creation links it to the pattern subscriptions its trigger finds, and one
+-- deleted meanwhile failed that insert, and with it the create (a 500). Every delete takes it
+-- (one that looked at the row first could find a pattern subscription created after its look,
+-- found by review); deletes are rare. The lock comes before the row's: the trigger holds it
+-- shared when its insert checks the row.
 CREATE OR REPLACE FUNCTION ds_sub_delete(p_id text) RETURNS ds_sub_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     v_sid bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM ds_subscription
-                WHERE subscription_id = p_id AND pattern_regex IS NOT NULL) THEN
-        PERFORM pg_advisory_xact_lock(ds_sub_link_lock());
-    END IF;
+    PERFORM pg_advisory_xact_lock(ds_sub_link_lock());
     SELECT id INTO v_sid FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'not_found';
