@@ -39,7 +39,7 @@ class SchemaValidator:
     steps, 45 ms, and a value may hold thousands of matches), reports nesting past its limit as
     an error (docs/decisions.md)."""
 
-    schema: dict[str, Any]
+    schema: dict[str, Any] | bool
     fast: Any
 
     def error(self, value: Any) -> str | None:
