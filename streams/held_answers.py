@@ -27,8 +27,11 @@ _held = 0
 
 @contextmanager
 def holding(size: int) -> Iterator[None]:
-    """Count ``size`` bytes of an answer as held while it is being sent."""
+    """Count ``size`` bytes of an answer as held while it is being sent (0: nothing to do)."""
     global _held
+    if not size:
+        yield
+        return
     _held += size
     metrics.HELD_ANSWER_BYTES.set(_held)
     try:

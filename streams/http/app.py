@@ -39,6 +39,7 @@ from streams.http.request import (
 )
 from streams.http.responses import (
     ALLOWED_METHODS,
+    BLOCK_BYTES,
     Response,
     error_response,
     preflight,
@@ -98,8 +99,10 @@ async def serve(
                 await _end_body(sender)
             return
         if response is not None:
-            # Held until its last block is handed to the connection (or the client left).
-            with contextlib.suppress(ClientDisconnected), held_answers.holding(response.length):
+            # Held until its last block is handed to the connection (or the client left); one
+            # of a single block is handed over at once (no bookkeeping on appends' answers).
+            held = response.length if response.length > BLOCK_BYTES else 0
+            with contextlib.suppress(ClientDisconnected), held_answers.holding(held):
                 await send_response(sender, response, origin, head=method == "HEAD")
 
     if method == "GET":

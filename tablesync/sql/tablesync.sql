@@ -185,14 +185,13 @@ BEGIN
 END;
 $$;
 
--- Refuse to turn a table's rows into JSON when a column's type could run a client's cast (or
--- when the schema is not the server's alone).
+-- Refuse to turn a table's rows into JSON when a column's type could run a client's cast
+-- (callers check the schema first: ds_tablesync_require_trusted_schema).
 CREATE OR REPLACE FUNCTION ds_tablesync_require_plain(p_relid oid) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_column text;
 BEGIN
-    PERFORM ds_tablesync_require_trusted_schema();
     v_column := ds_tablesync_unplain_column(p_relid);
     IF v_column IS NOT NULL THEN
         RAISE EXCEPTION 'column % of table % has a type table sync cannot publish', v_column,
@@ -374,6 +373,7 @@ DECLARE
 BEGIN
     SELECT p.table_oid::oid::regclass INTO STRICT v_table
       FROM ds_table_publication AS p WHERE p.id = p_publication_id;
+    PERFORM ds_tablesync_require_trusted_schema();
     PERFORM ds_tablesync_require_plain(v_table::oid);
     EXECUTE format('CREATE TRIGGER ds_tablesync_insert AFTER INSERT ON %s'
                    ' REFERENCING NEW TABLE AS ds_new FOR EACH STATEMENT'
@@ -445,6 +445,7 @@ DECLARE
     r record;
 BEGIN
     SELECT * INTO STRICT p FROM ds_table_publication WHERE id = p_publication_id;
+    PERFORM ds_tablesync_require_trusted_schema();
     PERFORM ds_tablesync_require_plain(p.table_oid::oid);
     v_type := to_json(p.entity_type)::text;
     IF (SELECT s.next_seq > 0 FROM ds_stream AS s WHERE s.id = p.stream_id) THEN
