@@ -232,6 +232,13 @@ DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 DS_READ_HELD_ANSWERS_BYTES = env.int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1024**2)
 if DS_READ_HELD_ANSWERS_BYTES < 0:
     raise ImproperlyConfigured("DS_READ__HELD_ANSWERS_BYTES must be 0 or more")
+# How long a statement of the async pool below waits for a lock (PostgreSQL's lock_timeout) before
+# it fails and its request answers 503 with Retry-After: a table or row locked by someone else
+# (a long transaction, an operator's LOCK, DDL) otherwise held every request that met it, and its
+# pooled connection, for as long as the lock lasted. 0: wait without limit.
+DS_DB_LOCK_TIMEOUT_SECS = env.float("DS_DB__LOCK_TIMEOUT_SECS", default=15.0)
+if DS_DB_LOCK_TIMEOUT_SECS < 0:
+    raise ImproperlyConfigured("DS_DB__LOCK_TIMEOUT_SECS must be 0 or more")
 # Connections in each server process's async pool. Small is fast: appends to one stream queue
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)

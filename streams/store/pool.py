@@ -30,7 +30,7 @@ from typing import Any, Self
 import psycopg
 from django.conf import settings
 from psycopg import AsyncConnection
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -205,11 +205,12 @@ def _reserved(large: bool) -> bool:
 
 
 async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
+    info = conninfo()
     pool: AsyncConnectionPool = _LastInFirstOutPool(
-        conninfo(),
+        info,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **_session_options(conninfo_to_dict(info).get("options"))},
         open=False,
         name=name,
         timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
@@ -222,6 +223,16 @@ async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
     await pool.open(wait=False)
     logger.info("database pool %s open (max %d connections)", name, max_size)
     return pool
+
+
+def _session_options(configured: str | int | None) -> dict[str, str]:
+    """The libpq ``options`` of every pooled connection: those configured, and how long its
+    statements wait for a lock (DS_DB_LOCK_TIMEOUT_SECS); past it they fail with SQLSTATE
+    55P03, which answers 503 with Retry-After (streams.store.failures)."""
+    millis = round(settings.DS_DB_LOCK_TIMEOUT_SECS * 1000)
+    if millis <= 0:
+        return {}
+    return {"options": f"{configured or ''} -c lock_timeout={millis}".strip()}
 
 
 def count_connections() -> None:
