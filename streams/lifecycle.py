@@ -34,6 +34,7 @@ from streams.http.observe import request_lines
 from streams.live import hub
 from streams.services import retention
 from streams.store import maintenance
+from streams.store.failures import log_failure
 from streams.store.pool import close_pool, count_connections, get_pool
 from streams.store.schema import SchemaMismatch, verify_installed
 
@@ -59,8 +60,8 @@ def _periodic(name: str, interval: float, work: Callable[[], Awaitable[Any]]) ->
             await asyncio.sleep(interval)
             try:
                 await work()
-            except Exception:
-                logger.exception("%s failed", name)
+            except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again later
+                log_failure(logger, name, exc)
 
     def start() -> None:
         nonlocal task

@@ -9,9 +9,12 @@ or a lock conflict is nobody's fault: 503 with Retry-After, never 500 either.
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 
 from streams.errors import BadRequest, PayloadTooLarge, ProtocolError, ServiceUnavailable
+from streams.store.pool import is_connection_failure
 
 
 def refusal_for(exc: BaseException) -> ProtocolError | None:
@@ -34,3 +37,16 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
     if sqlstate in ("40P01", "40001"):
         return ServiceUnavailable("the store is busy with conflicting writes; retry later")
     return None
+
+
+def log_failure(logger: logging.Logger, what: str, exc: Exception) -> None:
+    """Log a failure of background work: the database unavailable or busy (it will be tried
+    again) in one line, anything else with its traceback."""
+    if (
+        is_connection_failure(exc)
+        or isinstance(exc, ServiceUnavailable)
+        or isinstance(refusal_for(exc), ServiceUnavailable)
+    ):
+        logger.warning("%s failed: the database is unavailable or busy (%s)", what, exc)
+    else:
+        logger.error("%s failed", what, exc_info=exc)

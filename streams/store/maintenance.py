@@ -13,6 +13,7 @@ import logging
 from django.conf import settings
 
 from streams import metrics
+from streams.store.failures import log_failure
 from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
@@ -54,5 +55,5 @@ async def _sweep_forever() -> None:
             swept = await sweep_once()
             if swept:
                 logger.info("swept %d expired streams", swept)
-        except Exception:
-            logger.exception("expiry sweep failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again later
+            log_failure(logger, "expiry sweep", exc)
