@@ -76,7 +76,7 @@ def register_state_stream(
     if unstorable(json.dumps(schemas).encode()):
         raise BadRequest("schemas cannot contain NUL characters or unpaired surrogates")
     try:
-        validators = compile_schemas(schemas)
+        validators = compile_schemas(schemas, registering=True)
     except SchemaError as exc:
         raise BadRequest(f"invalid JSON Schema: {exc.message}") from None
     except RecursionError:

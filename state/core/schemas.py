@@ -13,6 +13,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from state.core.events import ChangeEvent, StateEvent, parse_event
+from state.core.schema_cost import COST_DEPTH, nested_deeper_than, schema_cost
 
 __all__ = [
     "SchemaError",
@@ -37,13 +38,34 @@ class SchemaValidator:
     the linear-time regular expressions of ``RegexOptions`` (lookaround and backreferences
     refused at registration: its default backtracking engine stops each match after a million
     steps, 45 ms, and a value may hold thousands of matches), reports nesting past its limit as
-    an error (docs/decisions.md)."""
+    an error (docs/decisions.md).
+
+    jsonschema-rs holds Python's global lock while it checks, so a check is bounded before it
+    starts: a value is checked only if the schema's cost (``state.core.schema_cost``) times the
+    value's size is within ``CHECK_BUDGET``, and a refusal is explained only within
+    ``EXPLAIN_BUDGET`` (explaining an ``anyOf`` evaluates every branch); explanations never
+    quote the value (``mask``)."""
 
     schema: dict[str, Any] | bool
     fast: Any
+    cost: int
+    recursive: bool
 
-    def error(self, value: Any) -> str | None:
+    def error(self, value: Any, size: int) -> str | None:
+        """Why ``value`` (``size`` bytes of JSON) fails the schema, or None."""
+        work = self.cost * max(size, 1)
+        if work > CHECK_BUDGET:
+            return (
+                f"at the value: cannot be checked: {size} bytes against this schema would take"
+                f" too long (at most {CHECK_BUDGET // self.cost} bytes for it)"
+            )
+        if self.recursive and size > 2 * COST_DEPTH and nested_deeper_than(value, COST_DEPTH):
+            return f"at the value: cannot be checked: nested deeper than {COST_DEPTH} levels"
         try:
+            if self.fast.is_valid(value):
+                return None
+            if work > EXPLAIN_BUDGET:
+                return "at the value: (too large to say where)"
             refused = next(iter(self.fast.iter_errors(value)), None)
         except ValueError as exc:  # "Recursion limit reached": nested past what it checks
             return f"at the value: cannot be checked ({exc})"
@@ -52,14 +74,29 @@ class SchemaValidator:
         return f"at {_where(list(refused.instance_path))}: {refused.message}"
 
 
+# Units: keywords applied per place of a value (its schema's cost) times the value's bytes.
+# One unit of the costliest keyword here (a linear-time pattern) took about 0.45 ns, so a check
+# holds a worker's event loop at most about 60 ms, and an explanation about as long (several
+# times the work of a check per unit). Costs above REGISTER_MAX_COST are refused at
+# registration: such a schema could check only values of a few bytes.
+CHECK_BUDGET = 1 << 27
+EXPLAIN_BUDGET = 1 << 24
+REGISTER_MAX_COST = 100_000
+
+
 def _where(path: list[Any]) -> str:
     return "".join(f"[{part!r}]" for part in path) or "the value"
 
 
-def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
-    """A validator per entity type; SchemaError when a schema is not a valid JSON Schema or
+def compile_schemas(
+    schemas: dict[str, Any], *, registering: bool = False
+) -> dict[str, SchemaValidator]:
+    """A validator per entity type; SchemaError when a schema is not a valid JSON Schema,
     refers to another document (``$ref`` to a URL or a file: the server fetches nothing on a
-    client's behalf, and the meta-schemas are built in)."""
+    client's behalf, and the meta-schemas are built in) or has no bounded cost
+    (``state.core.schema_cost``). When ``registering``, also when it costs more than
+    ``REGISTER_MAX_COST`` (a registration stored earlier keeps its rules, and its values are
+    refused by the budget instead)."""
     compiled = {}
     for entity_type, schema in schemas.items():
         if not isinstance(schema, dict | bool):
@@ -67,22 +104,37 @@ def compile_schemas(schemas: dict[str, Any]) -> dict[str, SchemaValidator]:
         validator_for(schema).check_schema(schema)
         try:
             fast = jsonschema_rs.validator_for(
-                schema, offline=True, pattern_options=jsonschema_rs.RegexOptions()
+                schema, offline=True, pattern_options=jsonschema_rs.RegexOptions(), mask="value"
             )
         except (ValueError, jsonschema_rs.ValidationError) as exc:
             raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
-        compiled[entity_type] = SchemaValidator(schema, fast)
+        try:
+            cost = schema_cost(schema)
+        except SchemaError as exc:
+            raise SchemaError(
+                f"the schema of {entity_type!r} cannot be used: {exc.message}"
+            ) from None
+        if registering and cost.cost > REGISTER_MAX_COST:
+            raise SchemaError(
+                f"the schema of {entity_type!r} is too costly to check values against: it"
+                f" applies {cost.cost} keywords to one value (at most {REGISTER_MAX_COST}),"
+                " counting every way $ref and the other applicators reach them"
+            )
+        compiled[entity_type] = SchemaValidator(schema, fast, cost.cost, cost.recursive)
     return compiled
 
 
-def schema_error(event: StateEvent, validators: dict[str, SchemaValidator]) -> str | None:
-    """Why a change's value fails the schema of its type, or None when it does not."""
+def schema_error(
+    event: StateEvent, size: int, validators: dict[str, SchemaValidator]
+) -> str | None:
+    """Why a change's value fails the schema of its type, or None when it does not (``size``:
+    the event's bytes, which bound its value's)."""
     if not isinstance(event, ChangeEvent) or event.operation == "delete":
         return None
     validator = validators.get(event.type)
     if validator is None:
         return None
-    error = validator.error(event.value)
+    error = validator.error(event.value, size)
     if error is None:
         return None
     return f"value of type {event.type!r} does not match its schema {error}"
@@ -128,7 +180,7 @@ def rejection(
     are too long, or PostgreSQL cannot store its message), or None. The append validation and
     ``judge`` (both Python materializers) ask this, so all three refuse the same events for the
     same reasons."""
-    return schema_error(event, validators) or oversized(event) or unstorable(message)
+    return schema_error(event, len(message), validators) or oversized(event) or unstorable(message)
 
 
 def judge(

@@ -102,3 +102,66 @@ def test_a_value_nested_past_what_the_validator_checks_is_refused(
     assert response.status_code == 400, response.text
     assert "cannot be checked" in response.text
     append_ok(own_client, stream_path, [change("t", "k", [])])
+
+
+def _shared_ref_chain(length: int) -> dict:
+    """``a1 = allOf[a0, a0]``, ``a2 = allOf[a1, a1]`` ...: ``a0`` is applied 2^length times to
+    every value (jsonschema-rs compiles it at once and follows every path when checking)."""
+    defs: dict = {"a0": {"type": "string", "pattern": "^[a-z]+$"}}
+    for i in range(1, length + 1):
+        defs[f"a{i}"] = {"allOf": [{"$ref": f"#/$defs/a{i - 1}"}, {"$ref": f"#/$defs/a{i - 1}"}]}
+    return {"$defs": defs, "$ref": f"#/$defs/a{length}"}
+
+
+def test_a_schema_that_checks_a_value_exponentially_often_is_refused(
+    own_client: httpx.Client, stream_path: str
+) -> None:
+    """A ``$ref`` chain 40 long would check a three-letter string 2^40 times, holding Python's
+    global lock (jsonschema-rs): one append would stop the worker for hours (found by review;
+    registered with 201 before). It is refused at registration, with what it would cost, as is
+    a recursive schema applying itself twice at every level below. A chain 8 long costs 256
+    keywords per value and is accepted, and its values are judged."""
+    create_json_stream(own_client, stream_path)
+    branching = {"properties": {"kids": {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}}}
+    for schema in (_shared_ref_chain(40), branching, {"$ref": "#"}):
+        response = register(own_client, stream_path, {"t": schema})
+        assert response.status_code == 400, (schema, response.text)
+        assert "too costly" in response.text or "without end" in response.text, response.text
+    assert register(own_client, stream_path, {"t": _shared_ref_chain(8)}).status_code == 201
+    append_ok(own_client, stream_path, [change("t", "k", "abc")])
+    response = append(own_client, stream_path, [change("t", "k", "ab1")])
+    assert response.status_code == 400, response.text
+
+
+def test_a_value_too_large_for_its_schema_is_refused_without_being_checked(
+    own_client: httpx.Client, stream_path: str
+) -> None:
+    """50 patterns under ``anyOf`` against a 4 MiB string: the check held Python's global lock
+    for 0.1 s and its explanation for seconds, quoting the string in every branch, so the 400
+    carried the 4 MiB back (found by a probe: four such appends stopped both workers for 15 s).
+    The value is refused for its size against this schema (a short answer, naming the largest
+    it could check), and a value within that is judged."""
+    create_json_stream(own_client, stream_path)
+    branches = [{"pattern": f"^[a-y]+[0-9]{chr(97 + i % 26)}$"} for i in range(50)]
+    schema = {"type": "object", "properties": {"s": {"anyOf": branches}}}
+    assert register(own_client, stream_path, {"t": schema}).status_code == 201
+    response = append(own_client, stream_path, [change("t", "k", {"s": "a" * (4 << 20)})])
+    assert response.status_code == 400, response.text[:300]
+    assert len(response.content) < 1000, response.text[:300]
+    assert "cannot be checked" in response.text and "at most" in response.text, response.text
+    append_ok(own_client, stream_path, [change("t", "k", {"s": "abc1a"})])
+    response = append(own_client, stream_path, [change("t", "k", {"s": "abc" * 1000})])
+    assert response.status_code == 400, response.text
+    assert "does not match its schema" in response.text
+
+
+def test_a_refusal_does_not_quote_the_value(own_client: httpx.Client, stream_path: str) -> None:
+    """What a value failed is said without repeating the value (jsonschema-rs's ``mask``):
+    before, a refused string came back whole in the 400, whatever its size."""
+    create_json_stream(own_client, stream_path)
+    schema = {"type": "object", "properties": {"w": {"type": "string", "pattern": "^a+$"}}}
+    assert register(own_client, stream_path, {"t": schema}).status_code == 201
+    response = append(own_client, stream_path, [change("t", "k", {"w": "do-not-echo-me"})])
+    assert response.status_code == 400, response.text
+    assert "does not match" in response.text and "^a+$" in response.text, response.text
+    assert "do-not-echo-me" not in response.text
