@@ -239,6 +239,8 @@ async def _read_range(
     meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
 ) -> ReadResult:
     if start.seq < meta.compacted_seq:
+        if start == meta.start and start.seq < meta.resume_seq:
+            return await _read_past_resume(meta, start, max_bytes, max_messages)
         return await _read_with_gaps(meta, start, max_bytes, max_messages)
     tail = meta.tail
     chunk = _Chunk(start, separator(meta))
@@ -266,6 +268,42 @@ async def _read_range(
         if not chunk.count:
             raise _NotContiguous("offset does not belong to this stream")
     return _result(meta, start, chunk)
+
+
+# A read from the start of compacted history goes on past the last dropped delete, up to this.
+RESUME_READ_MAX_BYTES = 64 * 1024 * 1024
+
+
+async def _read_past_resume(
+    meta: StreamMeta, start: Offset, max_bytes: int, max_messages: int
+) -> ReadResult:
+    """A read from the start of compacted history in which compaction dropped a delete: it
+    goes on, page after page, until it ends past that delete (``resume_seq``) or at the tail.
+    A reader resuming below ``resume_seq`` is refused (410: it could have read what the delete
+    removed), so a read that stopped there handed out a next offset that answered 410, and the
+    410 pointed back to the start: a reader of more than one page from -1 went round for ever
+    (found by a probe, with 10,050 kept events). Past ``RESUME_READ_MAX_BYTES`` it stops where
+    it is (docs/gaps.md)."""
+    pages = [await _read_with_gaps(meta, start, max_bytes, max_messages)]
+    size = pages[0].size
+    while (
+        pages[-1].next_offset.seq < meta.resume_seq
+        and not pages[-1].up_to_date
+        and size < RESUME_READ_MAX_BYTES
+    ):
+        page = await _read_with_gaps(meta, pages[-1].next_offset, max_bytes, max_messages)
+        pages.append(page)
+        size += page.size
+    if len(pages) == 1:
+        return pages[0]
+    sep = separator(meta)
+    parts: list[bytes | memoryview] = []
+    for page in pages:
+        if page.count and parts and sep:
+            parts.append(sep)
+        parts.extend(page.parts)
+    last = pages[-1]
+    return replace(last, parts=tuple(parts), count=sum(page.count for page in pages), start=start)
 
 
 class _ViewLoader(Loader):

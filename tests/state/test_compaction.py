@@ -309,3 +309,55 @@ def test_the_server_compacts_in_the_background_while_readers_follow(
         more = history(rng, 120, keys=10)
         write(client, stream_path, more)
         assert state_of(read_messages(client, stream_path)[0]) == state_of([*events, *more])
+
+
+@pytest.fixture(scope="module")
+def small_pages(start_server: Any) -> Iterator[ServerProcess]:
+    """A server whose reads carry at most 7 messages: compacted history of a few dozen events
+    then spans several pages."""
+    server = start_server(env={"DS_READ__MAX_CHUNK_MESSAGES": "7"})
+    yield server
+    server.stop()
+
+
+def test_a_reader_from_the_start_gets_past_a_dropped_delete_on_any_page(
+    small_pages: ServerProcess, stream_path: str, database_url: str
+) -> None:
+    """A delete dropped after 30 kept events, read 7 messages at a time: a read from -1 goes
+    on past the dropped delete, so the offset it hands out is one a reader may resume from,
+    and reading on to the tail (catch-up, and an SSE session) gives exactly the state. Before,
+    the first page's next offset was below the dropped delete and answered 410, whose start
+    offset sent the reader back to the start, for ever (found by a probe)."""
+    with httpx.Client(base_url=small_pages.base_url, timeout=30) as client:
+        create_registered(client, stream_path, tombstone_seconds=0)
+        events = [change("user", f"k{i}", {"v": i}) for i in range(30)]
+        events += [
+            change("user", "x", {"v": 1}),
+            change("user", "x", op="delete"),
+            change("user", "y", {"v": 1}),
+        ]
+        write(client, stream_path, events)
+        assert "old deletes dropped" in compact(database_url, stream_path)
+        first = client.get(stream_url(stream_path), params={"offset": "-1"})
+        assert first.status_code == 200
+        messages, _ = read_messages(client, stream_path, first.headers["Stream-Next-Offset"])
+        messages = [*first.json(), *messages]
+        assert messages == [*events[:30], events[32]]
+        assert state_of(messages) == state_of(events) == entity_map(client, stream_path)
+        seen: list[Any] = []
+        with client.stream(
+            "GET", stream_url(stream_path), params={"offset": "-1", "live": "sse"}
+        ) as sse:
+            event, data = "", []
+            for line in sse.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+                elif not line:
+                    if event == "data":
+                        seen.extend(json.loads("\n".join(data)))
+                    if event == "control" and json.loads("\n".join(data)).get("upToDate"):
+                        break
+                    event, data = "", []
+        assert seen == messages
