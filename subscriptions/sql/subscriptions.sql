@@ -548,14 +548,16 @@ LANGUAGE sql AS $$
      WHERE l.sid = s.id AND l.path = w.path
        AND (w.seq, w.pos) > (l.acked_seq, l.acked_pos)
        AND EXISTS (SELECT 1 FROM ds_stream AS t
-                    WHERE t.path = l.path AND t.deleted_at IS NULL AND t.next_seq >= w.seq)
+                    WHERE t.path = l.path AND t.deleted_at IS NULL AND t.next_seq >= w.seq
+                      AND t.created_at <= s.woken_at)
 $$;
 
 -- A callback (webhook), ack or release (pull-wake) of the wake a token names (7.1-7.3).
 -- Fenced unless the token's subscription, generation and wake, and the request's, are the
 -- current ones; an expired lease ends the wake first (whether or not the sweep got there).
 -- Acks (p_acks: [[path, seq, pos], ...]) must name linked streams, not move a cursor back
--- and be positions the stream minted; all apply or none. Without done (or release) the lease
+-- and be positions the stream minted, of the stream the wake was issued for (not one created
+-- at that path since); all apply or none. Without done (or release) the lease
 -- is extended (a heartbeat); with it the wake ends, and pending work gets the next wake at
 -- once (next_wake; for a webhook, delivery is what this process must send).
 CREATE OR REPLACE FUNCTION ds_sub_report(
@@ -614,7 +616,12 @@ BEGIN
         ELSE
             SELECT * INTO v_stream FROM ds_stream
              WHERE path = a ->> 0 AND deleted_at IS NULL;
-            IF NOT FOUND AND (v_seq, v_pos) <> (0, 0)
+            IF FOUND AND v_stream.created_at > s.woken_at AND (v_seq, v_pos) <> (0, 0) THEN
+                -- Not the stream this wake was issued for: an offset of the one deleted since
+                -- would move the new one's cursor past messages never delivered.
+                outcome := 'invalid_offset';
+                detail := (a ->> 0) || ' was deleted and created again since this wake began';
+            ELSIF NOT FOUND AND (v_seq, v_pos) <> (0, 0)
                OR FOUND AND NOT ds_is_position(v_stream, v_seq, v_pos) THEN
                 outcome := 'invalid_offset';
                 detail := ds_offset(v_seq, v_pos) || ' is not an offset of ' || (a ->> 0);

@@ -190,3 +190,40 @@ def test_claim_bodies_and_types_are_checked(client: httpx.Client, prefix: str) -
         json={"type": "webhook", "streams": ["x"], "webhook": {"url": "http://127.0.0.1:9/"}},
     )
     assert claim(client, hook, "w").status_code == 400
+
+
+def test_an_ack_of_a_stream_deleted_and_created_again_is_refused(
+    client: httpx.Client, prefix: str
+) -> None:
+    """A worker claims a wake, the stream is deleted and created again at its path and gets
+    messages of the same sizes, and the worker acks the old stream's tail: that offset is a
+    position of the new stream too, and it moved the new stream's cursor past messages never
+    delivered (found by a probe). It is refused (409 INVALID_OFFSET), the cursor stays at the new stream's
+    start, and the new messages are still pending."""
+    sub, _ = setup(client, prefix)
+    path = f"{prefix}/events/a"
+    json_type = {"Content-Type": "application/json"}
+    client.put(f"/v1/stream/{path}", headers=json_type)
+    for i in range(5):
+        client.post(f"/v1/stream/{path}", content=f'{{"n": {i}}}', headers=json_type)
+    claimed = claim(client, sub, "worker-1")
+    assert claimed.status_code == 200, claimed.text
+    wake = claimed.json()
+    tail = next(s for s in wake["streams"] if s["path"] == path)["tail_offset"]
+    assert client.delete(f"/v1/stream/{path}").status_code == 204
+    client.put(f"/v1/stream/{path}", headers=json_type)
+    for i in range(5):
+        client.post(f"/v1/stream/{path}", content=f'{{"m": {i}}}', headers=json_type)
+    stale = report(
+        client, sub, "ack", wake["token"], wake["wake_id"], wake["generation"], [(path, tail)]
+    )
+    assert stale.status_code == 409, stale.text
+    assert stale.json()["error"]["code"] == "INVALID_OFFSET"
+    assert "created again" in stale.text
+    assert acked(client, sub)[path] == "0000000000000000_0000000000000000"
+    released = report(client, sub, "release", wake["token"], wake["wake_id"], wake["generation"])
+    assert released.status_code in (200, 204), released.text
+    again = claim(client, sub, "worker-1")
+    assert again.status_code == 200, again.text
+    pending = next(s for s in again.json()["streams"] if s["path"] == path)
+    assert pending["has_pending"] and pending["acked_offset"] == "0000000000000000_0000000000000000"
