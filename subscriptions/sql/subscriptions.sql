@@ -88,6 +88,7 @@ BEGIN
                FROM unnest(ds_sub_prefixes(NEW.path)) AS p(prefix)
                JOIN ds_subscription AS c
                  ON c.pattern_prefix = p.prefix AND c.pattern_regex IS NOT NULL
+              ORDER BY c.id
     LOOP
         IF ('/' || NEW.path) ~ s.pattern_regex AND NEW.path IS DISTINCT FROM s.wake_stream THEN
             INSERT INTO ds_subscription_link AS l (sid, path, explicit, glob, acked_seq, acked_pos)
@@ -308,7 +309,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     s ds_subscription;
 BEGIN
-    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN 'not_found';
     ELSIF s.wake_stream = ANY (p_streams) THEN
@@ -324,7 +325,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_sid bigint;
 BEGIN
-    SELECT id INTO v_sid FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    SELECT id INTO v_sid FROM ds_subscription WHERE subscription_id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN 'not_found';
     END IF;
@@ -436,7 +437,7 @@ DECLARE
     s ds_subscription;
     r ds_subscription;
 BEGIN
-    FOR s IN SELECT * FROM ds_subscription WHERE id = ANY (p_sids) ORDER BY id FOR UPDATE
+    FOR s IN SELECT * FROM ds_subscription WHERE id = ANY (p_sids) ORDER BY id FOR NO KEY UPDATE
     LOOP
         r := ds_sub_issue(s, p_sender, p_send_secs, p_max_bytes, true);
         IF r.id IS NOT NULL AND r.type = 'webhook' THEN
@@ -466,7 +467,7 @@ DECLARE
 BEGIN
     FOR s IN SELECT * FROM ds_subscription
               WHERE lease_expires_at < now() OR send_deadline < now()
-              ORDER BY id LIMIT p_limit FOR UPDATE SKIP LOCKED
+              ORDER BY id LIMIT p_limit FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         PERFORM ds_sub_end_wake(s.id);
         UPDATE ds_subscription
@@ -500,7 +501,7 @@ DECLARE
     s ds_subscription;
     r ds_subscription;
 BEGIN
-    SELECT * INTO s FROM ds_subscription WHERE id = p_sid FOR UPDATE;
+    SELECT * INTO s FROM ds_subscription WHERE id = p_sid FOR NO KEY UPDATE;
     IF NOT FOUND OR s.wake_id IS DISTINCT FROM p_wake THEN
         RETURN NULL;
     END IF;
@@ -576,7 +577,7 @@ DECLARE
     v_pos bigint;
 BEGIN
     next_wake := false;
-    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR UPDATE;
+    SELECT * INTO s FROM ds_subscription WHERE subscription_id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found';
     ELSIF s.type <> p_type THEN
@@ -671,7 +672,7 @@ DECLARE
     s ds_subscription;
     r ds_subscription;
 BEGIN
-    SELECT * INTO s FROM ds_subscription AS t WHERE t.subscription_id = p_id FOR UPDATE;
+    SELECT * INTO s FROM ds_subscription AS t WHERE t.subscription_id = p_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found';
     ELSIF s.type <> 'pull-wake' THEN
@@ -738,7 +739,7 @@ $$;
 CREATE OR REPLACE FUNCTION ds_sub_reset(p_sid bigint, p_to_tail boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM ds_subscription WHERE id = p_sid FOR UPDATE;
+    PERFORM 1 FROM ds_subscription WHERE id = p_sid FOR NO KEY UPDATE;
     PERFORM ds_sub_end_wake(p_sid);
     UPDATE ds_subscription SET failed_attempts = 0, next_attempt_at = NULL WHERE id = p_sid;
     UPDATE ds_subscription_link AS l
