@@ -183,7 +183,8 @@ LANGUAGE sql STABLE AS $$
             'link_type', CASE WHEN l.explicit THEN 'explicit' ELSE 'glob' END,
             'acked_offset', ds_offset(l.acked_seq, l.acked_pos),
             'tail_offset', ds_offset(coalesce(t.next_seq, 0), coalesce(t.next_pos, 0)),
-            'has_pending', coalesce(t.next_seq, 0) > l.acked_seq)
+            'has_pending', coalesce(t.next_seq, 0) > l.acked_seq,
+            'stream_id', t.id)
         ELSE jsonb_build_object(
             'path', l.path,
             'link_type', CASE WHEN l.explicit THEN 'explicit' ELSE 'glob' END,
@@ -203,13 +204,31 @@ LANGUAGE sql STABLE AS $$
      ORDER BY l.path LIMIT 1
 $$;
 
+-- The streams of a wake as clients see them: without the ids of the streams listed.
+CREATE OR REPLACE FUNCTION ds_sub_public_streams(p_streams jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(jsonb_agg(e - 'stream_id' ORDER BY o), '[]'::jsonb)
+      FROM jsonb_array_elements(coalesce(p_streams, '[]'::jsonb)) WITH ORDINALITY AS x(e, o)
+$$;
+
+-- Whether the wake listed p_path as another stream than p_id (one since deleted, or none at
+-- all then). A path the wake does not list, or listed before ids were recorded, is not.
+CREATE OR REPLACE FUNCTION ds_sub_listed_other(p_streams jsonb, p_path text, p_id bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(coalesce(p_streams, '[]'::jsonb)) AS e
+         WHERE e ->> 'path' = p_path AND e ? 'stream_id'
+           AND (e ->> 'stream_id')::bigint IS DISTINCT FROM p_id)
+$$;
+
 -- What the process that issued a webhook wake sends (subscriptions/delivery.py).
 CREATE OR REPLACE FUNCTION ds_sub_delivery(s ds_subscription) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'sid', s.id, 'subscription_id', s.subscription_id, 'generation', s.generation,
         'wake_id', s.wake_id, 'url', s.webhook_url, 'base_url', s.base_url,
-        'streams', s.wake_streams)
+        'streams', ds_sub_public_streams(s.wake_streams))
 $$;
 
 -- ---------------------------------------------------------------------------------------------
@@ -544,13 +563,14 @@ LANGUAGE sql AS $$
        SET acked_seq = w.seq, acked_pos = w.pos
       FROM (SELECT e ->> 'path' AS path,
                    split_part(e ->> 'tail_offset', '_', 1)::bigint AS seq,
-                   split_part(e ->> 'tail_offset', '_', 2)::bigint AS pos
+                   split_part(e ->> 'tail_offset', '_', 2)::bigint AS pos,
+                   e ? 'stream_id' AS listed, (e ->> 'stream_id')::bigint AS stream_id
               FROM jsonb_array_elements(coalesce(s.wake_streams, '[]'::jsonb)) AS e) AS w
      WHERE l.sid = s.id AND l.path = w.path
        AND (w.seq, w.pos) > (l.acked_seq, l.acked_pos)
        AND EXISTS (SELECT 1 FROM ds_stream AS t
                     WHERE t.path = l.path AND t.deleted_at IS NULL AND t.next_seq >= w.seq
-                      AND t.created_at <= s.woken_at)
+                      AND NOT (w.listed AND t.id IS DISTINCT FROM w.stream_id))
 $$;
 
 -- A callback (webhook), ack or release (pull-wake) of the wake a token names (7.1-7.3).
@@ -617,11 +637,13 @@ BEGIN
         ELSE
             SELECT * INTO v_stream FROM ds_stream
              WHERE path = a ->> 0 AND deleted_at IS NULL;
-            IF FOUND AND v_stream.created_at > s.woken_at AND (v_seq, v_pos) <> (0, 0) THEN
-                -- Not the stream this wake was issued for: an offset of the one deleted since
-                -- would move the new one's cursor past messages never delivered.
+            IF FOUND AND (v_seq, v_pos) <> (0, 0)
+               AND ds_sub_listed_other(s.wake_streams, a ->> 0, v_stream.id) THEN
+                -- Not the stream the wake listed at this path: an offset of the one deleted
+                -- since would move the new one's cursor past messages never delivered.
                 outcome := 'invalid_offset';
-                detail := (a ->> 0) || ' was deleted and created again since this wake began';
+                detail := (a ->> 0) || ' is not the stream this wake listed (deleted and'
+                          || ' created again since)';
             ELSIF NOT FOUND AND (v_seq, v_pos) <> (0, 0)
                OR FOUND AND NOT ds_is_position(v_stream, v_seq, v_pos) THEN
                 outcome := 'invalid_offset';
@@ -715,7 +737,7 @@ BEGIN
     wake_id := s.wake_id;
     holder := s.holder;
     lease_ttl_ms := s.lease_ttl_ms;
-    streams := s.wake_streams;
+    streams := ds_sub_public_streams(s.wake_streams);
     RETURN NEXT;
 END;
 $$;

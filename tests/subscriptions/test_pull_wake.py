@@ -221,7 +221,7 @@ def test_an_ack_of_a_stream_deleted_and_created_again_is_refused(
     )
     assert stale.status_code == 409, stale.text
     assert stale.json()["error"]["code"] == "INVALID_OFFSET"
-    assert "created again" in stale.text
+    assert "created again" in stale.text, stale.text
     assert acked(client, sub)[path] == "0000000000000000_0000000000000000"
     released = report(client, sub, "release", wake["token"], wake["wake_id"], wake["generation"])
     assert released.status_code in (200, 204), released.text
@@ -229,6 +229,33 @@ def test_an_ack_of_a_stream_deleted_and_created_again_is_refused(
     assert again.status_code == 200, again.text
     pending = next(s for s in again.json()["streams"] if s["path"] == path)
     assert pending["has_pending"] and pending["acked_offset"] == "0000000000000000_0000000000000000"
+
+
+def test_a_stream_created_between_the_wake_and_the_claim_is_acked(
+    client: httpx.Client, prefix: str
+) -> None:
+    """A stream created under the pattern after the wake was issued, but before the claim,
+    is listed by the claim with its tail; acking it with the other streams succeeds (found by
+    review: a check of creation times against the wake's refused it as re-created, and with
+    it the whole ack)."""
+    sub, wake_stream = setup(client, prefix)
+    json_type = {"Content-Type": "application/json"}
+    first, second = f"{prefix}/events/a", f"{prefix}/events/b"
+    client.put(f"/v1/stream/{first}", content=b"[1]", headers=json_type)
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 1)
+    client.put(f"/v1/stream/{second}", headers=json_type)
+    for i in range(3):
+        client.post(f"/v1/stream/{second}", content=f'{{"n": {i}}}', headers=json_type)
+    claimed = claim(client, sub, "worker-1")
+    assert claimed.status_code == 200, claimed.text
+    wake = claimed.json()
+    tails = {s["path"]: s["tail_offset"] for s in wake["streams"]}
+    assert set(tails) == {first, second}
+    assert all("stream_id" not in s for s in wake["streams"])  # internal, not shown
+    acks = [(first, tails[first]), (second, tails[second])]
+    done = report(client, sub, "ack", wake["token"], wake["wake_id"], wake["generation"], acks)
+    assert done.status_code == 200, done.text
+    assert acked(client, sub) == tails
 
 
 def _deadlocks(database_url: str) -> int:
