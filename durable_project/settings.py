@@ -273,6 +273,11 @@ DS_RETENTION_PURGE_BATCH_ROWS = env.int("DS_RETENTION__PURGE_BATCH_ROWS", defaul
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
 DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+# How long the schema check of an append may take (plus a second per MiB of the append) in its
+# process (state.checker) before that process is replaced and the append refused (400).
+DS_STATE_CHECK_TIMEOUT_SECS = env.float("DS_STATE__CHECK_TIMEOUT_SECS", default=2.0)
+if DS_STATE_CHECK_TIMEOUT_SECS <= 0:
+    raise ImproperlyConfigured("DS_STATE__CHECK_TIMEOUT_SECS must be more than 0")
 # State streams whose registration (compiled schemas) each process keeps for validating appends;
 # past it, the least recently used is dropped and read again when next needed.
 DS_STATE_CACHED_REGISTRATIONS = env.int("DS_STATE__CACHED_REGISTRATIONS", default=256)

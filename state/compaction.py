@@ -31,6 +31,7 @@ import psycopg
 from django.conf import settings
 
 from streams.errors import ServiceUnavailable
+from streams.store.failures import log_failure
 from streams.store.pool import connection, conninfo
 
 logger = logging.getLogger(__name__)
@@ -194,5 +195,5 @@ async def _sweep(interval: float) -> None:
                     )
         except ServiceUnavailable:
             logger.warning("compaction sweep skipped: the database is unavailable")
-        except Exception:
-            logger.exception("compaction sweep failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "compaction sweep", exc)

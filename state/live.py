@@ -17,6 +17,7 @@ from django.conf import settings
 
 from streams import metrics
 from streams.errors import ServiceUnavailable
+from streams.store.failures import log_failure
 from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
@@ -65,8 +66,8 @@ async def _run(stream_id: int) -> None:
                 metrics.STATE_LAG.observe(time.monotonic() - behind_since)
             if stream_id not in _again:
                 return
-    except Exception:  # the sweep retries; never let one stream's failure spread
-        logger.exception("materializing state stream %s failed", stream_id)
+    except Exception as exc:  # noqa: BLE001 - the sweep retries; one stream's failure stays its own
+        log_failure(logger, f"materializing state stream {stream_id}", exc)
     finally:
         _running.pop(stream_id, None)
 
@@ -93,5 +94,5 @@ async def _sweep() -> None:
                 schedule(stream_id)
         except ServiceUnavailable:
             logger.warning("state sweep skipped: the database is unavailable")
-        except Exception:
-            logger.exception("state sweep failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "state sweep", exc)

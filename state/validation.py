@@ -19,8 +19,15 @@ from typing import Any
 
 from django.conf import settings
 
+from state import checker
 from state.core import InvalidEvent, parse_event
-from state.core.schemas import SchemaError, SchemaValidator, compile_schemas, rejection
+from state.core.schemas import (
+    CONVERSION_UNITS,
+    SchemaError,
+    SchemaValidator,
+    compile_schemas,
+    rejection,
+)
 from streams import metrics
 from streams.errors import BadRequest
 from streams.store.pool import connection
@@ -29,12 +36,18 @@ from streams.store.pool import connection
 @dataclass(frozen=True, slots=True)
 class Registration:
     version: int
-    validators: dict[str, SchemaValidator]
+    schemas: dict[str, Any]  # as registered, for state.checker's processes
+    # Compiled here when every schema is made of PLAIN_KEYWORDS (None otherwise): small
+    # appends are checked in this process, without the round trip to a checker.
+    plain: dict[str, SchemaValidator] | None = None
 
 
 _registrations: dict[str, Registration] = {}
-# Appends of more events than this are validated off the event loop.
+# Appends of more events than this are parsed off the event loop (streams without schemas); plain
+# schemas are checked here up to this many events and this much work (CHECK_BUDGET's units:
+# about 2 ms), in a checker's process past it.
 INLINE_EVENTS = 500
+INLINE_WORK = 1 << 20
 
 _LOAD_SQL = (
     "SELECT r.version, r.schemas FROM ds_state_stream AS r"
@@ -54,18 +67,23 @@ async def _load(path: str) -> Registration | None:
     cached = _registrations.get(path)
     if cached is not None and cached.version == version:
         return _cached(path)  # versions change with every registration: the same rules
-    try:
-        # Off the event loop: a large schema takes seconds to compile, and a process compiles
-        # again each registration it dropped from its cache.
-        registration = Registration(version, await asyncio.to_thread(compile_schemas, schemas))
-    except (SchemaError, RecursionError):  # checked at registration; never expected
-        registration = Registration(version, {})
+    schemas = schemas if isinstance(schemas, dict) else {}
+    registration = Registration(version, schemas, await asyncio.to_thread(_plain, schemas))
     _registrations.pop(path, None)
     _registrations[path] = registration
     while len(_registrations) > settings.DS_STATE_CACHED_REGISTRATIONS:
         del _registrations[next(iter(_registrations))]  # the least recently used
     metrics.STATE_CACHED_REGISTRATIONS.set(len(_registrations))
     return registration
+
+
+def _plain(schemas: dict[str, Any]) -> dict[str, SchemaValidator] | None:
+    """The schemas compiled, if they are all plain (``PLAIN_KEYWORDS``), else None."""
+    try:
+        validators = compile_schemas(schemas)
+    except (SchemaError, RecursionError):  # checked at registration; never expected
+        return None
+    return validators if all(v.plain for v in validators.values()) else None
 
 
 def _cached(path: str) -> Registration | None:
@@ -84,7 +102,7 @@ async def validate_state_append(
     if registration is None:
         return None
     try:
-        await _judge(values, messages, registration.validators)
+        await _judge(path, values, messages, registration)
     except BadRequest:
         if refresh:
             raise
@@ -94,26 +112,46 @@ async def validate_state_append(
             raise
         if current is None:
             return None
-        await _judge(values, messages, current.validators)
+        await _judge(path, values, messages, current)
         return current.version
     return registration.version
 
 
 async def _judge(
-    values: list[Any], messages: list[bytes], validators: dict[str, SchemaValidator]
+    path: str, values: list[Any], messages: list[bytes], registration: Registration
 ) -> None:
-    """``_validate_append``, in a worker thread for large appends: checking thousands of
-    events against their schemas would stall every other request of the process."""
-    if len(messages) <= INLINE_EVENTS:
-        _validate_append(values, messages, validators)
+    """Raise BadRequest for the first refused event of an append, naming its index. Against
+    plain schemas (``PLAIN_KEYWORDS``: the cost bound holds for them) a small append is checked
+    here; against other schemas, or a larger append, in ``state.checker``'s processes, under a
+    deadline (a refusal when it passes); without schemas, here, thousands of events off the
+    event loop."""
+    plain = registration.plain
+    if registration.schemas and plain is not None and len(messages) <= INLINE_EVENTS:
+        costliest = max((v.cost for v in plain.values()), default=0)
+        if (costliest + CONVERSION_UNITS) * sum(map(len, messages)) <= INLINE_WORK:
+            _validate_append(values, messages, plain)
+            return
+    if registration.schemas:
+        try:
+            refusal = await checker.check(
+                path, registration.version, registration.schemas, messages
+            )
+        except checker.CheckTimeout as exc:
+            raise BadRequest(
+                f"the append could not be checked against its schemas within {exc} s"
+            ) from None
+        if refusal is not None:
+            raise BadRequest(refusal)
+    elif len(messages) <= INLINE_EVENTS:
+        _validate_append(values, messages, {})
     else:
-        await asyncio.to_thread(_validate_append, values, messages, validators)
+        await asyncio.to_thread(_validate_append, values, messages, {})
 
 
 def _validate_append(
     values: list[Any], messages: list[bytes], validators: dict[str, SchemaValidator]
 ) -> None:
-    """Raise BadRequest for the first refused event, naming its index in the append."""
+    """Raise BadRequest for the first refused event."""
     for index, (value, message) in enumerate(zip(values, messages, strict=True)):
         try:
             event = parse_event(value)

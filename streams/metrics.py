@@ -257,6 +257,10 @@ STATE_LAG = _metric(
     "Time from an append to a state stream until its entities reflect it",
     buckets=LATENCY_BUCKETS,
 )  # fmt: skip
+STATE_CHECK_TIMEOUTS = _metric(
+    "counter", "ds_state_check_timeouts",
+    "Schema checks of appends that overran their deadline (their process was replaced)",
+)  # fmt: skip
 STATE_CACHED_REGISTRATIONS = _metric(
     "gauge", "ds_state_cached_registrations",
     "State stream registrations (compiled schemas) this process keeps for validating appends",

@@ -35,6 +35,7 @@ from django.conf import settings
 
 from streams import metrics
 from streams.errors import ServiceUnavailable
+from streams.store.failures import log_failure
 from subscriptions import keys, signing, store
 from subscriptions.ssrf import SafeResolver, check_url
 
@@ -136,8 +137,8 @@ async def _wake_loop() -> None:
             logger.warning("subscription wakes postponed: the database is unavailable")
             await asyncio.sleep(1)
             check_all()
-        except Exception:
-            logger.exception("issuing subscription wakes failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "issuing subscription wakes", exc)
             await asyncio.sleep(1)
             check_all()
 
@@ -149,8 +150,8 @@ async def _sweep_loop(interval: float) -> None:
             await sweep()
         except ServiceUnavailable:
             logger.warning("subscription sweep skipped: the database is unavailable")
-        except Exception:
-            logger.exception("subscription sweep failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "subscription sweep", exc)
 
 
 async def sweep() -> None:

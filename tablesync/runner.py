@@ -28,6 +28,7 @@ from django.conf import settings
 from streams import extensions
 from streams.errors import ServiceUnavailable
 from streams.live import hub
+from streams.store.failures import log_failure
 from streams.store.pool import connection
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ async def _supervise() -> None:
             await _reload_once()
         except ServiceUnavailable:
             logger.warning("table sync: the database is unavailable; retrying")
-        except Exception:
-            logger.exception("table sync: loading sinks and publications failed")
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "table sync: loading sinks and publications", exc)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_sweep_secs()):
                 await _reload.wait()

@@ -13,7 +13,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from state.core.events import ChangeEvent, StateEvent, parse_event
-from state.core.schema_cost import COST_DEPTH, nested_deeper_than, schema_cost
+from state.core.schema_cost import COST_DEPTH, SchemaCost, nested_deeper_than, schema_cost
 
 __all__ = [
     "SchemaError",
@@ -50,14 +50,20 @@ class SchemaValidator:
     fast: Any
     cost: int
     recursive: bool
+    plain: bool  # schema_cost.PLAIN_KEYWORDS only
+
+    def work(self, size: int) -> int:
+        """What checking a value of ``size`` bytes costs, in units of ``CHECK_BUDGET``."""
+        return (self.cost + CONVERSION_UNITS) * max(size, 1)
 
     def error(self, value: Any, size: int) -> str | None:
         """Why ``value`` (``size`` bytes of JSON) fails the schema, or None."""
-        work = self.cost * max(size, 1)
+        work = self.work(size)
         if work > CHECK_BUDGET:
+            largest = CHECK_BUDGET // (self.cost + CONVERSION_UNITS)
             return (
                 f"at the value: cannot be checked: {size} bytes against this schema would take"
-                f" too long (at most {CHECK_BUDGET // self.cost} bytes for it)"
+                f" too long (at most {largest} bytes for it)"
             )
         if self.recursive and size > 2 * COST_DEPTH and nested_deeper_than(value, COST_DEPTH):
             return f"at the value: cannot be checked: nested deeper than {COST_DEPTH} levels"
@@ -71,17 +77,26 @@ class SchemaValidator:
             return f"at the value: cannot be checked ({exc})"
         if refused is None:
             return None
-        return f"at {_where(list(refused.instance_path))}: {refused.message}"
+        message = refused.message
+        if len(message) > MESSAGE_CHARS:  # names of unexpected properties, listed in full
+            message = message[:MESSAGE_CHARS] + "..."
+        return f"at {_where(list(refused.instance_path))}: {message}"
 
 
-# Units: keywords applied per place of a value (its schema's cost) times the value's bytes.
-# One unit of the costliest keyword here (a linear-time pattern) took about 0.45 ns, so a check
-# holds a worker's event loop at most about 60 ms, and an explanation about as long (several
-# times the work of a check per unit). Costs above REGISTER_MAX_COST are refused at
-# registration: such a schema could check only values of a few bytes.
-CHECK_BUDGET = 1 << 27
-EXPLAIN_BUDGET = 1 << 24
+# Units: about 2 ns of jsonschema-rs's time each (a linear-time pattern takes about 1.7 ns a
+# byte). A value costs (its schema's cost + CONVERSION_UNITS) x its bytes: jsonschema-rs first
+# copies the value out of Python, 10-20 ns a byte of JSON. So a check holds a worker's event
+# loop (and Python's lock) at most about 60 ms, and an explanation (several times the work of a
+# check: every branch of an anyOf) about as long. Costs above REGISTER_MAX_COST are refused at
+# registration: such a schema could check only values of a few hundred bytes.
+CONVERSION_UNITS = 12
+CHECK_BUDGET = 1 << 25
+EXPLAIN_BUDGET = 1 << 23
 REGISTER_MAX_COST = 100_000
+# The cost of a schema whose cost cannot be worked out: more than any value's budget.
+UNCHECKABLE = CHECK_BUDGET
+# An explanation is cut to this many characters.
+MESSAGE_CHARS = 500
 
 
 def _where(path: list[Any]) -> str:
@@ -111,16 +126,20 @@ def compile_schemas(
         try:
             cost = schema_cost(schema)
         except SchemaError as exc:
-            raise SchemaError(
-                f"the schema of {entity_type!r} cannot be used: {exc.message}"
-            ) from None
+            if registering:
+                raise SchemaError(
+                    f"the schema of {entity_type!r} cannot be used: {exc.message}"
+                ) from None
+            # Registered before these limits: its rules stay, and no value can be checked
+            # against them (refused, saying so) rather than every value passing unchecked.
+            cost = SchemaCost(UNCHECKABLE, recursive=False, plain=False)
         if registering and cost.cost > REGISTER_MAX_COST:
             raise SchemaError(
                 f"the schema of {entity_type!r} is too costly to check values against: it"
                 f" applies {cost.cost} keywords to one value (at most {REGISTER_MAX_COST}),"
                 " counting every way $ref and the other applicators reach them"
             )
-        compiled[entity_type] = SchemaValidator(schema, fast, cost.cost, cost.recursive)
+        compiled[entity_type] = SchemaValidator(schema, fast, cost.cost, cost.recursive, cost.plain)
     return compiled
 
 

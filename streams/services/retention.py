@@ -22,6 +22,7 @@ from access.grants import Operation, Principal, stream_resource
 from streams import metrics
 from streams.protocol.offsets import Offset
 from streams.store import retention as store
+from streams.store.failures import log_failure
 from streams.store.types import Retention, StreamMeta, TrimResult
 
 logger = logging.getLogger(__name__)
@@ -139,8 +140,8 @@ async def _purge_soon() -> None:
             await purge()
             if not _purge_again:
                 return
-    except Exception:  # the periodic sweep retries
-        logger.exception("purging trimmed messages failed")
+    except Exception as exc:  # noqa: BLE001 - the periodic sweep retries
+        log_failure(logger, "purging trimmed messages", exc)
 
 
 async def sweep() -> None:

@@ -270,8 +270,10 @@ async def _read_range(
     return _result(meta, start, chunk)
 
 
-# A read from the start of compacted history goes on past the last dropped delete, up to this.
+# A read from the start of compacted history goes on past the last dropped delete, up to this,
+# in pages of at least RESUME_PAGE_BYTES.
 RESUME_READ_MAX_BYTES = 64 * 1024 * 1024
+RESUME_PAGE_BYTES = 1024 * 1024
 
 
 async def _read_past_resume(
@@ -286,12 +288,14 @@ async def _read_past_resume(
     it is (docs/gaps.md)."""
     pages = [await _read_with_gaps(meta, start, max_bytes, max_messages)]
     size = pages[0].size
+    # Pages of at least 1 MiB: a read held small (streams.held_answers) still takes few queries.
+    page_bytes = max(max_bytes, RESUME_PAGE_BYTES)
     while (
         pages[-1].next_offset.seq < meta.resume_seq
         and not pages[-1].up_to_date
         and size < RESUME_READ_MAX_BYTES
     ):
-        page = await _read_with_gaps(meta, pages[-1].next_offset, max_bytes, max_messages)
+        page = await _read_with_gaps(meta, pages[-1].next_offset, page_bytes, max_messages)
         pages.append(page)
         size += page.size
     if len(pages) == 1:

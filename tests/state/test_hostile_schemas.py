@@ -11,8 +11,12 @@ recursing in Python (500).
 
 from __future__ import annotations
 
+import random
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -165,3 +169,173 @@ def test_a_refusal_does_not_quote_the_value(own_client: httpx.Client, stream_pat
     assert response.status_code == 400, response.text
     assert "does not match" in response.text and "^a+$" in response.text, response.text
     assert "do-not-echo-me" not in response.text
+
+
+def _chain_defs(length: int, prefix: str = "#/$defs/") -> dict:
+    defs: dict = {"a0": {"type": "string", "pattern": "^[a-z]+$"}}
+    for i in range(1, length + 1):
+        ref = {"$ref": f"{prefix}a{i - 1}"}
+        defs[f"a{i}"] = {"allOf": [ref, dict(ref)]}
+    return defs
+
+
+def _refuge(length: int) -> dict:
+    """A chain hidden behind an embedded resource: the analysis once resolved the relative
+    ``$ref`` against an ``$id`` jsonschema-rs ignores there (under a property named
+    ``default``), found a cheap ``true``, and registered the chain (found by review)."""
+    cheap = {f"a{i}": True for i in range(length + 1)}
+    embedded = {"$id": "https://other.example/s", "$defs": _chain_defs(length)}
+    return {
+        "$defs": cheap,
+        "properties": {"default": {**embedded, "$ref": f"#/$defs/a{length}"}},
+    }
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _refuge(40),
+        {"$ref": "https://example.com/elsewhere#/x"},
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"a": {"type": "string"}},
+            "$ref": "#/definitions/a",
+            "allOf": [{"$ref": "#/allOf/%C2%B2"}],
+        },
+        {"$defs": {"x": {"$anchor": "a"}, "y": {"$anchor": "a"}}, "$ref": "#a"},
+        {"properties": {"kids": {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}}},
+        {"items": {"$ref": "#"}, "contains": {"$ref": "#"}},
+    ],
+    ids=["embedded-id", "other-document", "bad-index", "anchor-twice", "branching", "twice-below"],
+)
+def test_schemas_whose_cost_cannot_be_bounded_are_refused(
+    own_client: httpx.Client, stream_path: str, schema: dict
+) -> None:
+    """References this server does not follow as jsonschema-rs does (embedded resources,
+    other documents, an anchor defined twice), a bad array index (a 500 before: found by
+    review), and recursion that checks each level more than once: 400 at registration."""
+    create_json_stream(own_client, stream_path)
+    response = register(own_client, stream_path, {"t": schema})
+    assert response.status_code == 400, response.text
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ({"properties": {"left": {"$ref": "#"}, "right": {"$ref": "#"}}}, {"left": {"right": {}}}),
+        (
+            {
+                "$defs": {
+                    "v": {
+                        "anyOf": [
+                            {"type": ["string", "number", "boolean", "null"]},
+                            {"type": "array", "items": {"$ref": "#/$defs/v"}},
+                            {"type": "object", "additionalProperties": {"$ref": "#/$defs/v"}},
+                        ]
+                    }
+                },
+                "$ref": "#/$defs/v",
+            },
+            {"a": [1, {"b": [None, "x"]}]},
+        ),
+        (
+            {
+                "$dynamicAnchor": "node",
+                "type": "object",
+                "properties": {"children": {"type": "array", "items": {"$dynamicRef": "#node"}}},
+            },
+            {"children": [{"children": []}]},
+        ),
+        (
+            {"$id": "urn:example:root", "$defs": {"x": {"type": "object"}}, "$ref": "#/$defs/x"},
+            {},
+        ),
+    ],
+    ids=["binary-tree", "any-json", "dynamic-tree", "urn-id"],
+)
+def test_common_recursive_schemas_are_accepted(
+    own_client: httpx.Client, stream_path: str, schema: dict, value: object
+) -> None:
+    """Recursive schemas that check each place of a value a bounded number of times (a binary
+    tree, any JSON value, the specification's $dynamicRef tree) and a root ``$id`` that is a
+    URN register and judge values (the first analysis counted every branch below and refused
+    them, or could not resolve against a URN: found by review)."""
+    create_json_stream(own_client, stream_path)
+    response = register(own_client, stream_path, {"t": schema})
+    assert response.status_code == 201, response.text
+    append_ok(own_client, stream_path, [change("t", "k", value)])
+
+
+def test_an_append_of_many_costly_values_leaves_the_worker_answering(
+    own_client: httpx.Client, stream_path: str
+) -> None:
+    """40 values each within its budget against 41 patterns (about 60 ms each), then one the
+    schema refuses: the append was checked on the event loop (500 events or fewer were),
+    holding it for seconds (found by review: 30 s), so another client's request was answered
+    only after the refusal. Checked in a thread now, the worker answers the other client while
+    the append is being checked, and the append is refused all the same (400, nothing
+    stored)."""
+    create_json_stream(own_client, stream_path)
+    patterns = [{"pattern": f"^[a-z]*{chr(65 + i % 26)}{i}$"} for i in range(40)]
+    schema = {"anyOf": [*patterns, {"pattern": "^a*$"}]}
+    assert register(own_client, stream_path, {"t": schema}).status_code == 201
+    events = [change("t", f"k{i}", "a" * 550_000) for i in range(40)]
+    events.append(change("t", "last", "refused!"))
+    finished: dict[str, float] = {}
+    answers: list[httpx.Response] = []
+
+    def big_append() -> None:
+        answers.append(append(own_client, stream_path, events))
+        finished["append"] = time.monotonic()
+
+    worker = threading.Thread(target=big_append)
+    worker.start()
+    time.sleep(0.5)  # the append's body is in, its events being checked
+    with httpx.Client(base_url=str(own_client.base_url), timeout=STALLED_SECS) as other:
+        assert other.get("/healthz").status_code == 200
+    finished["other"] = time.monotonic()
+    worker.join()
+    assert answers[0].status_code == 400, answers[0].text[:300]
+    assert "event 40" in answers[0].text
+    assert finished["other"] < finished["append"]
+
+
+def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
+    start_server: Any, stream_path: str
+) -> None:
+    """Patterns whose regular expressions thrash their lazy DFA (``a[ab]{50}c``: about 860 ns
+    a byte on random a/b text, where most patterns take 1-2) against 1.7 MB of it: seconds of
+    a check that held Python's global lock, so the worker answered nothing meanwhile, and at
+    5 s uvicorn killed it (found by a probe; no static cost bound caught such patterns). The
+    check runs in a process of its own now: past its deadline (here 1 s and 1 s per MiB) the
+    append is refused (400, nothing stored), and another client is answered while it runs."""
+    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
+    rng = random.Random(7)
+    text = "".join(rng.choice("ab") for _ in range(1_700_000))
+    with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
+        create_json_stream(client, stream_path)
+        thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in (46, 47, 48, 49, 50)]
+        schema = {"type": "string", "anyOf": thrashing}
+        assert register(client, stream_path, {"t": schema}).status_code == 201
+        matching = "a" + "b" * 50 + "c"
+        append_ok(client, stream_path, [change("t", "k", matching)])  # the checker is up
+        finished: dict[str, float] = {}
+        answers: list[httpx.Response] = []
+
+        def costly_append() -> None:
+            answers.append(append(client, stream_path, [change("t", "k", text)]))
+            finished["append"] = time.monotonic()
+
+        worker = threading.Thread(target=costly_append)
+        worker.start()
+        time.sleep(0.5)
+        with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as other:
+            assert other.get("/healthz").status_code == 200
+        finished["other"] = time.monotonic()
+        worker.join()
+        assert answers[0].status_code == 400, answers[0].text[:300]
+        assert "could not be checked" in answers[0].text
+        assert finished["other"] < finished["append"]
+        read = client.get(f"/v1/stream/{stream_path}", params={"offset": "-1"})
+        assert len(read.json()) == 1  # only the first append
+        append_ok(client, stream_path, [change("t", "k", matching)])  # a new checker
