@@ -15,7 +15,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -171,6 +171,28 @@ def test_a_refusal_does_not_quote_the_value(own_client: httpx.Client, stream_pat
     assert "do-not-echo-me" not in response.text
 
 
+def _while_answering(
+    base_url: str, send: Callable[[], httpx.Response]
+) -> tuple[httpx.Response, bool]:
+    """``send``'s answer, and whether the server answered another client (``/healthz``,
+    asked half a second after ``send`` began) before it."""
+    finished: dict[str, float] = {}
+    answers: list[httpx.Response] = []
+
+    def sending() -> None:
+        answers.append(send())
+        finished["send"] = time.monotonic()
+
+    worker = threading.Thread(target=sending)
+    worker.start()
+    time.sleep(0.5)  # the request's body is in, its events being checked
+    with httpx.Client(base_url=base_url, timeout=STALLED_SECS) as other:
+        assert other.get("/healthz").status_code == 200
+    finished["other"] = time.monotonic()
+    worker.join()
+    return answers[0], finished["other"] < finished["send"]
+
+
 def _chain_defs(length: int, prefix: str = "#/$defs/") -> dict:
     defs: dict = {"a0": {"type": "string", "pattern": "^[a-z]+$"}}
     for i in range(1, length + 1):
@@ -281,23 +303,12 @@ def test_an_append_of_many_costly_values_leaves_the_worker_answering(
     assert register(own_client, stream_path, {"t": schema}).status_code == 201
     events = [change("t", f"k{i}", "a" * 550_000) for i in range(40)]
     events.append(change("t", "last", "refused!"))
-    finished: dict[str, float] = {}
-    answers: list[httpx.Response] = []
-
-    def big_append() -> None:
-        answers.append(append(own_client, stream_path, events))
-        finished["append"] = time.monotonic()
-
-    worker = threading.Thread(target=big_append)
-    worker.start()
-    time.sleep(0.5)  # the append's body is in, its events being checked
-    with httpx.Client(base_url=str(own_client.base_url), timeout=STALLED_SECS) as other:
-        assert other.get("/healthz").status_code == 200
-    finished["other"] = time.monotonic()
-    worker.join()
-    assert answers[0].status_code == 400, answers[0].text[:300]
-    assert "event 40" in answers[0].text
-    assert finished["other"] < finished["append"]
+    answer, answered_meanwhile = _while_answering(
+        str(own_client.base_url), lambda: append(own_client, stream_path, events)
+    )
+    assert answer.status_code == 400, answer.text[:300]
+    assert "event 40" in answer.text
+    assert answered_meanwhile
 
 
 def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
@@ -319,23 +330,12 @@ def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
         assert register(client, stream_path, {"t": schema}).status_code == 201
         matching = "a" + "b" * 50 + "c"
         append_ok(client, stream_path, [change("t", "k", matching)])  # the checker is up
-        finished: dict[str, float] = {}
-        answers: list[httpx.Response] = []
-
-        def costly_append() -> None:
-            answers.append(append(client, stream_path, [change("t", "k", text)]))
-            finished["append"] = time.monotonic()
-
-        worker = threading.Thread(target=costly_append)
-        worker.start()
-        time.sleep(0.5)
-        with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as other:
-            assert other.get("/healthz").status_code == 200
-        finished["other"] = time.monotonic()
-        worker.join()
-        assert answers[0].status_code == 400, answers[0].text[:300]
-        assert "could not be checked" in answers[0].text
-        assert finished["other"] < finished["append"]
+        answer, answered_meanwhile = _while_answering(
+            server.base_url, lambda: append(client, stream_path, [change("t", "k", text)])
+        )
+        assert answer.status_code == 400, answer.text[:300]
+        assert "could not be checked" in answer.text
+        assert answered_meanwhile
         read = client.get(f"/v1/stream/{stream_path}", params={"offset": "-1"})
         assert len(read.json()) == 1  # only the first append
         append_ok(client, stream_path, [change("t", "k", matching)])  # a new checker
