@@ -294,9 +294,9 @@ def test_an_append_of_many_costly_values_leaves_the_worker_answering(
     """40 values each within its budget against 41 patterns (about 60 ms each), then one the
     schema refuses: the append was checked on the event loop (500 events or fewer were),
     holding it for seconds (found by review: 30 s), so another client's request was answered
-    only after the refusal. Checked in a thread now, the worker answers the other client while
-    the append is being checked, and the append is refused all the same (400, nothing
-    stored)."""
+    only after the refusal. Checked in a checker process now (state.checker), the worker
+    answers the other client while the append is being checked, and the append is refused
+    all the same (400, nothing stored)."""
     create_json_stream(own_client, stream_path)
     patterns = [{"pattern": f"^[a-z]*{chr(65 + i % 26)}{i}$"} for i in range(40)]
     schema = {"anyOf": [*patterns, {"pattern": "^a*$"}]}
