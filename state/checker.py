@@ -5,26 +5,34 @@ depends on the schema and the value in ways no static bound captured: a pattern 
 thrashes (``a[ab]{50}c``: 860 ns a byte, where most patterns take 1-2) or ``multipleOf`` on
 4,000-digit integers cost hundreds of times what ``state.core.schema_cost`` counts, and one
 append stopped every request of its worker for seconds, until uvicorn killed the worker as
-unresponsive (found by probes). So appends to streams with schemas are judged by a small pool
-of child processes (``CHECKERS`` per server process): the event loop only waits for the answer,
-and a check that overruns its deadline (``DS_STATE__CHECK_TIMEOUT_SECS``, plus a second per MiB
-of the append) has its process killed and replaced, and the append is refused (400). The cost
-bound still applies inside, and still guards the materializers, which run in-process.
+unresponsive (found by probes). So appends to streams whose schemas are not plain
+(``state.validation``) are judged by a small pool of child processes (``CHECKERS`` per server
+process and event loop): the event loop only waits for the answer.
 
-A child keeps the compiled schemas of the registrations it saw (the least recently used 64),
-keyed by stream path and registration version; it is sent a registration's schemas only when
-it asks. It reads the messages themselves (bytes: no pickling of values), and answers the first
-refusal, or None.
+A child is started, and a registration's schemas compiled in it, before the check's deadline
+starts (within ``SETUP_SECS``: a 503 past it, as when a child dies or cannot start: nothing is
+wrong with the append). The check itself has ``DS_STATE__CHECK_TIMEOUT_SECS``, plus a second
+per MiB of the append; past it the child is killed and replaced by a new one (never reused:
+the thread that waited on it may still hold its pipe), and the append is refused (400). An
+error of the check itself refuses the append too (400), and keeps the child.
+
+A child keeps the compiled schemas of the registrations it was sent (the least recently used
+64), keyed by stream path and registration version; it reads the messages themselves (bytes:
+no pickling of values), checks them without the in-process cost budget (the deadline is the
+bound), and answers the first refusal, or None.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 from typing import Any
@@ -36,83 +44,119 @@ from streams import metrics
 logger = logging.getLogger(__name__)
 
 CHECKERS = 2
+# Starting a child (a Python process importing the schema code) and compiling a registration
+# in it: not the append's doing, so not within its deadline, but bounded.
+SETUP_SECS = 30.0
 _CACHED_REGISTRATIONS = 64
 _SECS_PER_MIB = 1.0
+# The blocking pipe round trips run here, not in the loop's default executor (shared with
+# other work that could delay them past their deadline).
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(CHECKERS * 2, thread_name_prefix="ds-check")
 
 
 class CheckTimeout(Exception):
-    """The check overran its deadline; its process was replaced."""
+    """The check overran its deadline (seconds, the message); its process was replaced."""
+
+
+class CheckUnavailable(Exception):
+    """No checker could be started or prepared in time, or it died: retry later."""
 
 
 async def check(
     path: str, version: int, schemas: dict[str, Any], messages: list[bytes]
 ) -> str | None:
     """Why the append of ``messages`` to the state stream at ``path`` (registration
-    ``version``, its ``schemas``) is refused, naming the event; None when it is not.
-    CheckTimeout when the check overran its deadline."""
+    ``version``, its ``schemas``) is refused, naming the event; None when it is not."""
     size = sum(len(message) for message in messages)
     deadline = settings.DS_STATE_CHECK_TIMEOUT_SECS + _SECS_PER_MIB * size / 2**20
-    child = await _pool().take()
+    pool = _pool()
+    child = await pool.take()
+    key = (path, version)
     try:
-        answer = await asyncio.wait_for(
-            asyncio.to_thread(child.ask, (path, version), schemas, messages), deadline
-        )
-    except TimeoutError:
-        child.kill()
-        metrics.STATE_CHECK_TIMEOUTS.inc()
-        logger.warning("schema check of an append to %s overran %.1f s", path, deadline)
-        raise CheckTimeout(f"{deadline:.1f}") from None
+        for _ in range(2):  # once more if the child dropped the registration meanwhile
+            try:
+                await _run(child.prepare, key, schemas, timeout=SETUP_SECS)
+            except (TimeoutError, OSError, EOFError) as exc:
+                child = pool.replace(child)
+                logger.warning("schema checker could not be prepared: %r", exc)
+                raise CheckUnavailable from None
+            try:
+                kind, detail = await _run(child.judge, key, messages, timeout=deadline)
+            except TimeoutError:
+                child = pool.replace(child)
+                metrics.STATE_CHECK_TIMEOUTS.inc()
+                logger.warning("schema check of an append to %s overran %.1f s", path, deadline)
+                raise CheckTimeout(f"{deadline:.1f}") from None
+            except (OSError, EOFError) as exc:
+                child = pool.replace(child)
+                logger.warning("schema checker died: %r", exc)
+                raise CheckUnavailable from None
+            if kind != "unknown":
+                break
+            child.known.discard(key)
+        if kind == "unknown":  # dropped twice in a row: never answer unchecked
+            raise CheckUnavailable
+        if kind == "error":
+            return f"the append could not be checked against its schemas ({detail})"
+        return detail
     except BaseException:
-        child.kill()
+        if not isinstance(child, _Child) or child.busy:
+            child = pool.replace(child)
         raise
     finally:
-        _pool().give_back(child)
-    return answer
+        pool.give_back(child)
+
+
+async def _run(function: Any, *args: Any, timeout: float) -> Any:
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.run_in_executor(_EXECUTOR, function, *args), timeout)
 
 
 class _Child:
-    """One checking process and its end of the pipe; replaced when killed."""
+    """One checking process and its end of the pipe. Used by one request at a time; killed,
+    it is replaced by a new object, never used again."""
 
     def __init__(self) -> None:
         self.process: Any = None
         self.conn: Connection | None = None
+        self.known: set[tuple[str, int]] = set()
+        self.busy = False  # a round trip in flight (whose thread may outlive its deadline)
 
-    def _start(self) -> Connection:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        self.process = context.Process(
-            target=_serve, args=(child,), name="ds-schema-check", daemon=True
-        )
-        self.process.start()
-        child.close()
-        self.conn = parent
-        return parent
+    def prepare(self, key: tuple[str, int], schemas: dict[str, Any]) -> None:
+        """Blocking: the process started, and the registration compiled in it."""
+        self.busy = True
+        if self.conn is None:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            self.process = context.Process(
+                target=_serve, args=(child,), name="ds-schema-check", daemon=True
+            )
+            self.process.start()
+            child.close()
+            self.conn = parent
+        if key not in self.known:
+            self.conn.send(("compile", key, schemas))
+            self.conn.recv()
+            self.known.add(key)
+        self.busy = False
 
-    def ask(self, key: tuple[str, int], schemas: dict[str, Any], messages: list[bytes]) -> Any:
-        """Blocking: one round trip (two when the child does not know the registration)."""
-        conn = self.conn if self.conn is not None and self.alive() else self._start()
-        conn.send((key, None, messages))
-        kind, detail = conn.recv()
-        if kind == "unknown":
-            conn.send((key, schemas, messages))
-            kind, detail = conn.recv()
-        if kind == "error":
-            raise RuntimeError(detail)
-        return detail
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+    def judge(self, key: tuple[str, int], messages: list[bytes]) -> tuple[str, Any]:
+        """Blocking: the child's verdict on ``messages``."""
+        self.busy = True
+        assert self.conn is not None
+        self.conn.send(("judge", key, messages))
+        answer: tuple[str, Any] = self.conn.recv()
+        self.busy = False
+        return answer
 
     def kill(self) -> None:
-        if self.process is not None:
+        """Kill the process (its pipe then reads EOF in the thread still waiting, if any),
+        and reap it off the event loop."""
+        process = self.process
+        if process is not None:
             with contextlib.suppress(Exception):
-                self.process.kill()
-                self.process.join(1)
-        if self.conn is not None:
-            with contextlib.suppress(OSError):
-                self.conn.close()
-        self.process = None
-        self.conn = None
+                process.kill()
+            threading.Thread(target=process.join, daemon=True).start()
 
 
 class _Pool:
@@ -127,54 +171,67 @@ class _Pool:
     def give_back(self, child: _Child) -> None:
         self._idle.put_nowait(child)
 
+    def replace(self, child: _Child) -> _Child:
+        child.kill()
+        return _Child()
 
-_pools: dict[int, _Pool] = {}
+
+_pools: dict[tuple[int, int], tuple[asyncio.AbstractEventLoop, _Pool]] = {}
 
 
 def _pool() -> _Pool:
-    """This process's pool (a child process of uvicorn's gets its own)."""
-    pool = _pools.get(os.getpid())
-    if pool is None:
-        pool = _pools[os.getpid()] = _Pool()
-    return pool
+    """The pool of this process and event loop (a child process of uvicorn's, or another
+    loop of the same process, gets its own: a queue belongs to one loop)."""
+    loop = asyncio.get_running_loop()
+    key = (os.getpid(), id(loop))
+    found = _pools.get(key)
+    if found is None or found[0] is not loop:
+        found = _pools[key] = (loop, _Pool())
+    return found[1]
 
 
 def _serve(conn: Connection) -> None:
-    """The child's loop: judge appends until the parent goes away."""
-    from state.core import InvalidEvent, parse_event
-    from state.core.schemas import SchemaError, compile_schemas, rejection
+    """The child's loop: compile registrations and judge appends until the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's shutdown ends it (EOF)
+    from state.core.schemas import SchemaError, compile_schemas
 
     compiled: OrderedDict[tuple[str, int], Any] = OrderedDict()
     while True:
         try:
-            key, schemas, messages = conn.recv()
+            request = conn.recv()
         except (EOFError, OSError):
             return
-        validators = compiled.get(key)
-        if validators is None and schemas is None:
-            conn.send(("unknown", None))
-            continue
+        kind, key = request[0], request[1]
         try:
-            if validators is None:
+            if kind == "compile":
                 try:
-                    validators = compile_schemas(schemas)
+                    compiled[key] = compile_schemas(request[2], bounded=False)
                 except (SchemaError, RecursionError):  # checked at registration
-                    validators = {}
-                compiled[key] = validators
+                    compiled[key] = {}
                 while len(compiled) > _CACHED_REGISTRATIONS:
                     compiled.popitem(last=False)
+                conn.send(("compiled", None))
+                continue
+            validators = compiled.get(key)
+            if validators is None:
+                conn.send(("unknown", None))
+                continue
             compiled.move_to_end(key)
-            refusal = None
-            for index, message in enumerate(messages):
-                try:
-                    event = parse_event(json.loads(message))
-                except (InvalidEvent, ValueError) as exc:
-                    refusal = f"event {index}: not a valid state event: {exc}"
-                    break
-                reason = rejection(event, message, validators)
-                if reason is not None:
-                    refusal = f"event {index}: {reason}"
-                    break
-            conn.send(("answer", refusal))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which answers it
+            conn.send(("answer", _judge(request[2], validators)))
+        except Exception as exc:  # noqa: BLE001 - answered as a refusal; the child goes on
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _judge(messages: list[bytes], validators: Any) -> str | None:
+    from state.core import InvalidEvent, parse_event
+    from state.core.schemas import rejection
+
+    for index, message in enumerate(messages):
+        try:
+            event = parse_event(json.loads(message))
+        except (InvalidEvent, ValueError) as exc:
+            return f"event {index}: not a valid state event: {exc}"
+        reason = rejection(event, message, validators)
+        if reason is not None:
+            return f"event {index}: {reason}"
+    return None

@@ -21,6 +21,7 @@ from django.conf import settings
 
 from state import checker
 from state.core import InvalidEvent, parse_event
+from state.core.schema_cost import schema_cost
 from state.core.schemas import (
     CONVERSION_UNITS,
     SchemaError,
@@ -29,7 +30,7 @@ from state.core.schemas import (
     rejection,
 )
 from streams import metrics
-from streams.errors import BadRequest
+from streams.errors import BadRequest, ServiceUnavailable
 from streams.store.pool import connection
 
 
@@ -78,8 +79,12 @@ async def _load(path: str) -> Registration | None:
 
 
 def _plain(schemas: dict[str, Any]) -> dict[str, SchemaValidator] | None:
-    """The schemas compiled, if they are all plain (``PLAIN_KEYWORDS``), else None."""
+    """The schemas compiled, if they are all plain (``PLAIN_KEYWORDS``), else None: looked at
+    first, so that schemas checked in a checker process are not compiled here too (compiling
+    holds Python's lock)."""
     try:
+        if not all(schema_cost(schema).plain for schema in schemas.values()):
+            return None
         validators = compile_schemas(schemas)
     except (SchemaError, RecursionError):  # checked at registration; never expected
         return None
@@ -140,6 +145,8 @@ async def _judge(
             raise BadRequest(
                 f"the append could not be checked against its schemas within {exc} s"
             ) from None
+        except checker.CheckUnavailable:
+            raise ServiceUnavailable("schema checks are unavailable; retry later") from None
         if refusal is not None:
             raise BadRequest(refusal)
     elif len(messages) <= INLINE_EVENTS:

@@ -148,6 +148,7 @@ class _Graph:
         self._index()
         self.root = id(schema)
         self.plain = True
+        self._kept: list[_Choice] = []  # alive while the graph is: keyed by id()
         self.choices: set[int] = set()
         self.weight: dict[int, int] = {}
         self.in_place: dict[int, list[int]] = {}
@@ -188,22 +189,17 @@ class _Graph:
         item = max((cost(c) for c in indexed), default=0) + sum(cost(c) for c in any_item)
         return (member, sum(cost(c) for c in keys), item)
 
-    def _subschemas(self, node: Any) -> Iterator[Any]:
-        """Every subschema of ``node`` as jsonschema-rs walks them, definitions included."""
-        if not isinstance(node, dict):
-            return
-        for key, value in node.items():
-            if key in _ONE_OR_LIST:
-                yield from _schemas(value)
-            elif key in _MAPS and isinstance(value, dict):
-                for item in value.values():
-                    yield from _schemas(item)
-
     def _index(self) -> None:
-        """The anchors of the document, and a refusal of resources embedded in it."""
-        stack = [(self.root_schema, True)]
+        """The anchors of the document, and a refusal of resources embedded in it. Every
+        object of the document is looked at, whatever keyword holds it (jsonschema-rs finds
+        resources under ``contentSchema`` too, which is never applied: found by review), so
+        no ``$id`` can move the base a ``$ref`` is resolved against."""
+        stack: list[tuple[Any, bool]] = [(self.root_schema, True)]
         while stack:
             node, is_root = stack.pop()
+            if isinstance(node, list):
+                stack.extend((item, False) for item in node)
+                continue
             if not isinstance(node, dict):
                 continue
             for key in ("id", "$id") if self.draft4 else ("$id",):
@@ -221,7 +217,7 @@ class _Graph:
                     self.dynamic.setdefault(name, []).append(node)
             if node.get("$recursiveAnchor") is True:
                 self.recursive_anchors.append(node)
-            stack.extend((child, False) for child in self._subschemas(node))
+            stack.extend((child, False) for child in node.values())
 
     def _applied(self, node: Any) -> tuple[list[Any], tuple[list[Any], ...]]:
         """The subschemas ``node`` applies in place, and below it: (named members, any member,
@@ -274,8 +270,12 @@ class _Graph:
         elif key == "$recursiveRef":
             targets.extend(self.recursive_anchors)
         unique = list({id(t): t for t in targets}.values())
+        if len(unique) == 1:
+            return unique
         # One reference is one evaluation, of whichever of its targets the scope picks.
-        return [_Choice(unique)] if len(unique) > 1 else unique
+        choice = _Choice(unique)
+        self._kept.append(choice)
+        return [choice]
 
     def _resolve(self, ref: str) -> Any:
         fragment = unquote(ref[1:])

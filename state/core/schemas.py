@@ -44,13 +44,17 @@ class SchemaValidator:
     starts: a value is checked only if the schema's cost (``state.core.schema_cost``) times the
     value's size is within ``CHECK_BUDGET``, and a refusal is explained only within
     ``EXPLAIN_BUDGET`` (explaining an ``anyOf`` evaluates every branch); explanations never
-    quote the value (``mask``)."""
+    quote the value (``mask``). In a checker process (``bounded`` false) the deadline bounds
+    it instead."""
 
     schema: dict[str, Any] | bool
     fast: Any
     cost: int
     recursive: bool
     plain: bool  # schema_cost.PLAIN_KEYWORDS only
+    # Checked within CHECK_BUDGET and explained within EXPLAIN_BUDGET; not in a checker
+    # process (state.checker), whose deadline bounds it.
+    bounded: bool = True
 
     def work(self, size: int) -> int:
         """What checking a value of ``size`` bytes costs, in units of ``CHECK_BUDGET``."""
@@ -58,7 +62,9 @@ class SchemaValidator:
 
     def error(self, value: Any, size: int) -> str | None:
         """Why ``value`` (``size`` bytes of JSON) fails the schema, or None."""
-        work = self.work(size)
+        work = self.work(size) if self.bounded else 0
+        if self.cost >= UNCHECKABLE:
+            return "at the value: cannot be checked: this schema's cost cannot be worked out"
         if work > CHECK_BUDGET:
             largest = CHECK_BUDGET // (self.cost + CONVERSION_UNITS)
             return (
@@ -104,7 +110,7 @@ def _where(path: list[Any]) -> str:
 
 
 def compile_schemas(
-    schemas: dict[str, Any], *, registering: bool = False
+    schemas: dict[str, Any], *, registering: bool = False, bounded: bool = True
 ) -> dict[str, SchemaValidator]:
     """A validator per entity type; SchemaError when a schema is not a valid JSON Schema,
     refers to another document (``$ref`` to a URL or a file: the server fetches nothing on a

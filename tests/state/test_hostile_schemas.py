@@ -217,6 +217,11 @@ def _refuge(length: int) -> dict:
     "schema",
     [
         _refuge(40),
+        {
+            "$ref": "#/contentSchema/$defs/a40",
+            "contentSchema": {"$id": "https://other.example/c", "$defs": _chain_defs(40)},
+            "$defs": {f"a{i}": True for i in range(41)},
+        },
         {"$ref": "https://example.com/elsewhere#/x"},
         {
             "$schema": "http://json-schema.org/draft-07/schema#",
@@ -228,14 +233,24 @@ def _refuge(length: int) -> dict:
         {"properties": {"kids": {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}}},
         {"items": {"$ref": "#"}, "contains": {"$ref": "#"}},
     ],
-    ids=["embedded-id", "other-document", "bad-index", "anchor-twice", "branching", "twice-below"],
+    ids=[
+        "embedded-id",
+        "id-in-content-schema",
+        "other-document",
+        "bad-index",
+        "anchor-twice",
+        "branching",
+        "twice-below",
+    ],
 )
 def test_schemas_whose_cost_cannot_be_bounded_are_refused(
     own_client: httpx.Client, stream_path: str, schema: dict
 ) -> None:
-    """References this server does not follow as jsonschema-rs does (embedded resources,
-    other documents, an anchor defined twice), a bad array index (a 500 before: found by
-    review), and recursion that checks each level more than once: 400 at registration."""
+    """References this server does not follow as jsonschema-rs does (embedded resources, also
+    under ``contentSchema``, which jsonschema-rs indexes but never applies: a chain registered
+    as cheap and plain through it, found by review; other documents, an anchor defined
+    twice), a bad array index (a 500 before: found by review), and recursion that checks each
+    level more than once: 400 at registration."""
     create_json_stream(own_client, stream_path)
     response = register(own_client, stream_path, {"t": schema})
     assert response.status_code == 400, response.text
