@@ -217,7 +217,10 @@ def _serve(conn: Connection) -> None:
                 conn.send(("unknown", None))
                 continue
             compiled.move_to_end(key)
-            conn.send(("answer", _judge(request[2], validators)))
+            if kind == "judge_each":
+                conn.send(("answer", [_reason(message, validators) for message in request[2]]))
+            else:
+                conn.send(("answer", _judge(request[2], validators)))
         except Exception as exc:  # noqa: BLE001 - answered as a refusal; the child goes on
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -235,3 +238,46 @@ def _judge(messages: list[bytes], validators: Any) -> str | None:
         if reason is not None:
             return f"event {index}: {reason}"
     return None
+
+
+def _reason(message: bytes, validators: Any) -> str | None:
+    """Why a stored message is not materialized, as ``state.core.schemas.judge`` says it."""
+    from state.core import parse_event
+    from state.core.schemas import rejection
+
+    try:
+        event = parse_event(json.loads(message))
+    except ValueError as exc:  # not JSON, or not a State Event (InvalidEvent)
+        return str(exc)
+    return rejection(event, message, validators)
+
+
+class HistoryChecker:
+    """Judges stored messages against schemas in a process of its own, for a rebuild (a
+    registration's runs in a Django thread of the server, where a check holds Python's lock
+    as it would on the event loop: a client registering a thrashing pattern over a stream of
+    large strings stalled the worker, found by review). Each chunk has the check's deadline;
+    past it the process is killed and CheckTimeout raised. Close it when done."""
+
+    def __init__(self, schemas: dict[str, Any]) -> None:
+        self._child = _Child()
+        self._key = ("history", 0)
+        self._child.prepare(self._key, schemas)
+
+    def reasons(self, messages: list[bytes]) -> list[str | None]:
+        conn = self._child.conn
+        assert conn is not None
+        size = sum(len(message) for message in messages)
+        deadline = settings.DS_STATE_CHECK_TIMEOUT_SECS + _SECS_PER_MIB * size / 2**20
+        conn.send(("judge_each", self._key, messages))
+        if not conn.poll(deadline):
+            self.close()
+            metrics.STATE_CHECK_TIMEOUTS.inc()
+            raise CheckTimeout(f"{deadline:.1f}")
+        kind, detail = conn.recv()
+        if kind != "answer":
+            raise CheckUnavailable(detail)
+        return detail
+
+    def close(self) -> None:
+        self._child.kill()

@@ -18,7 +18,8 @@ from typing import Any
 
 from django.db import connection
 
-from state.core import MaterializedState
+from state.checker import HistoryChecker
+from state.core import MaterializedState, parse_event
 from state.core.events import ChangeEvent
 from state.core.schemas import SchemaValidator, compile_schemas, judge
 from state.models import StateStream
@@ -26,6 +27,8 @@ from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
 
 CHUNK = 5000
+# Stored messages judged per round trip to a history checker (state.checker).
+CHECK_CHUNK = 500
 Progress = Callable[[int, int], None]  # (events read, events in the stream)
 
 
@@ -63,20 +66,35 @@ def rebuild(
     invalid = 0
     last_error = ""
     count = 0
-    for seq, pos, data in messages(stream):
-        count += 1
-        offset = str(Offset(seq, pos))
-        event, reason = judge(data, validators)
-        if event is None:
-            invalid += 1
-            last_error = f"event at offset {offset}: {reason}"
-            continue
-        if isinstance(event, ChangeEvent) and event.operation != "delete":
-            # Keep the offset with the value: the same semantics decide which one survives.
-            event = replace(event, value=(event.value, offset))
-        state.apply(event)
-        if progress is not None and count % CHUNK == 0:
-            progress(count, stream.next_seq)
+    # Schemas beyond the plain keywords are checked in a process of its own, chunk by chunk,
+    # under the check's deadline (state.checker).
+    history = None
+    if not all(v.plain for v in validators.values()):
+        history = HistoryChecker(registration.schemas)
+    try:
+        for chunk in _chunks(messages(stream), CHECK_CHUNK):
+            reasons = history.reasons([data for _, _, data in chunk]) if history else None
+            for index, (seq, pos, data) in enumerate(chunk):
+                count += 1
+                offset = str(Offset(seq, pos))
+                if reasons is None:
+                    event, reason = judge(data, validators)
+                else:
+                    reason = reasons[index]
+                    event = None if reason is not None else parse_event(json.loads(data))
+                if event is None:
+                    invalid += 1
+                    last_error = f"event at offset {offset}: {reason}"
+                    continue
+                if isinstance(event, ChangeEvent) and event.operation != "delete":
+                    # Keep the offset with the value: the same semantics decide which survives.
+                    event = replace(event, value=(event.value, offset))
+                state.apply(event)
+                if progress is not None and count % CHUNK == 0:
+                    progress(count, stream.next_seq)
+    finally:
+        if history is not None:
+            history.close()
 
     _replace_entities(stream.pk, state.items())
     registration.materialized_seq = stream.next_seq
@@ -89,6 +107,19 @@ def rebuild(
     if progress is not None:
         progress(count, stream.next_seq)
     return RebuildResult(count, len(state), invalid, last_error)
+
+
+def _chunks(
+    rows: Iterator[tuple[int, int, bytes]], size: int
+) -> Iterator[list[tuple[int, int, bytes]]]:
+    chunk: list[tuple[int, int, bytes]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _replace_entities(stream_id: int, items: Iterator[tuple[str, str, Any]]) -> None:

@@ -354,3 +354,34 @@ def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
         read = client.get(f"/v1/stream/{stream_path}", params={"offset": "-1"})
         assert len(read.json()) == 1  # only the first append
         append_ok(client, stream_path, [change("t", "k", matching)])  # a new checker
+
+
+def test_a_registration_over_a_history_too_costly_to_check_is_refused_meanwhile_answering(
+    start_server: Any, stream_path: str
+) -> None:
+    """A stream holding 1.7 MB of random a/b text, then a registration whose patterns thrash
+    on it: the registration checked the history in the server's process (a Django thread,
+    holding Python's global lock for seconds: found by review). It is checked in a process of
+    its own now, within the check's deadline: past it, the registration is refused (400,
+    nothing registered), and the worker answers another client meanwhile. A history that
+    checks in time registers, its refused events counted as before."""
+    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
+    rng = random.Random(11)
+    text = "".join(rng.choice("ab") for _ in range(1_700_000))
+    thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in (46, 47, 48, 49, 50)]
+    with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
+        create_json_stream(client, stream_path)
+        append_ok(client, stream_path, [change("t", "k", text)])
+        answer, answered_meanwhile = _while_answering(
+            server.base_url,
+            lambda: register(client, stream_path, {"t": {"type": "string", "anyOf": thrashing}}),
+        )
+        assert answer.status_code == 400, answer.text[:300]
+        assert "history could not be checked" in answer.text
+        assert answered_meanwhile
+        assert client.get(f"/v1/state/streams/{stream_path}").status_code == 404
+        append_ok(client, stream_path, [change("t", "j", "a" + "b" * 50 + "c")])
+        schema = {"type": "string", "pattern": "^a[ab]*c$"}
+        registered = register(client, stream_path, {"t": schema})
+        assert registered.status_code == 201, registered.text
+        assert registered.json()["invalid_events"] == 1  # the long text has no c
