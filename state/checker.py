@@ -34,12 +34,14 @@ import os
 import signal
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 from django.conf import settings
 
 from streams import metrics
+from streams.errors import BadRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,20 @@ class CheckTimeout(Exception):
 
 class CheckUnavailable(Exception):
     """No checker could be started or prepared in time, or it died: retry later."""
+
+
+@contextlib.contextmanager
+def answered(what: str) -> Iterator[None]:
+    """CheckTimeout as a refusal of ``what`` (400: it cannot be checked in time), and
+    CheckUnavailable as a 503 (nothing is wrong with it: retry)."""
+    try:
+        yield
+    except CheckTimeout as exc:
+        raise BadRequest(
+            f"{what} could not be checked against its schemas within {exc} s"
+        ) from None
+    except CheckUnavailable:
+        raise ServiceUnavailable("schema checks are unavailable; retry later") from None
 
 
 async def check(

@@ -21,14 +21,16 @@ from django.db import connection
 from state.checker import HistoryChecker
 from state.core import MaterializedState, parse_event
 from state.core.events import ChangeEvent
-from state.core.schemas import SchemaValidator, compile_schemas, judge
+from state.core.schemas import CONVERSION_UNITS, SchemaValidator, compile_schemas, judge
 from state.models import StateStream
 from streams.models import Message, Stream
 from streams.protocol.offsets import Offset
 
 CHUNK = 5000
-# Stored messages judged per round trip to a history checker (state.checker).
+# Stored messages judged per round trip to a history checker (state.checker), and the work
+# (CHECK_BUDGET's units, about 2 ms) of a chunk of plain schemas judged here.
 CHECK_CHUNK = 500
+INLINE_WORK = 1 << 20
 Progress = Callable[[int, int], None]  # (events read, events in the stream)
 
 
@@ -60,20 +62,25 @@ def rebuild(
     """Recompute and replace the entities of a registered stream (row lock held by caller);
     ``validators``: its schemas, when the caller has compiled them already."""
     stream = registration.stream
-    if validators is None:
-        validators = compile_schemas(registration.schemas)
+    if validators is None or any(v.bounded for v in validators.values()):
+        # Judged as appends are: no size budget (a checker's deadline bounds the costly ones).
+        validators = compile_schemas(registration.schemas, bounded=False)
     state = MaterializedState()
     invalid = 0
     last_error = ""
     count = 0
-    # Schemas beyond the plain keywords are checked in a process of its own, chunk by chunk,
-    # under the check's deadline (state.checker).
-    history = None
-    if not all(v.plain for v in validators.values()):
-        history = HistoryChecker(registration.schemas)
+    # Schemas beyond the plain keywords, and chunks too large to check here in a few
+    # milliseconds, are checked in a process of its own, under the check's deadline
+    # (state.checker).
+    plain = all(v.plain for v in validators.values())
+    unit = max((v.cost for v in validators.values()), default=0) + CONVERSION_UNITS
+    history: HistoryChecker | None = None
     try:
         for chunk in _chunks(messages(stream), CHECK_CHUNK):
-            reasons = history.reasons([data for _, _, data in chunk]) if history else None
+            reasons = None
+            if validators and (not plain or unit * sum(len(r[2]) for r in chunk) > INLINE_WORK):
+                history = history or HistoryChecker(registration.schemas)
+                reasons = history.reasons([data for _, _, data in chunk])
             for index, (seq, pos, data) in enumerate(chunk):
                 count += 1
                 offset = str(Offset(seq, pos))

@@ -7,7 +7,6 @@ registration and its backfill see the stream at one exact tail and no append sli
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,6 @@ from streams.errors import (
     Forbidden,
     Gone,
     NotFound,
-    ServiceUnavailable,
 )
 from streams.models import Stream
 from streams.protocol.headers import JSON, media_type
@@ -110,7 +108,8 @@ def register_state_stream(
             compaction=stored.enabled,
             tombstone_seconds=stored.tombstone_seconds,
         )
-        result = _checked(lambda: rebuild(registration, validators=validators))
+        with checker.answered("the stream's history"):
+            result = rebuild(registration, validators=validators)
     return Registered(registration, created=True, rebuilt=result)
 
 
@@ -147,21 +146,8 @@ def rebuild_state_stream(*, path: str, progress: Progress | None = None) -> Rebu
         if registration is None:
             raise NotFound(f"stream {path!r} is not a state stream")
         registration.stream = stream
-        return _checked(lambda: rebuild(registration, progress))
-
-
-def _checked(run: Callable[[], RebuildResult]) -> RebuildResult:
-    """A rebuild whose history is checked in a checker process (state.checker): past its
-    deadline, the history cannot be checked against these schemas (400, nothing changed);
-    without a checker, retry later (503)."""
-    try:
-        return run()
-    except checker.CheckTimeout as exc:
-        raise BadRequest(
-            f"the stream's history could not be checked against these schemas within {exc} s"
-        ) from None
-    except checker.CheckUnavailable:
-        raise ServiceUnavailable("schema checks are unavailable; retry later") from None
+        with checker.answered("the stream's history"):
+            return rebuild(registration, progress)
 
 
 def catch_up(stream_id: int) -> int:

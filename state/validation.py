@@ -30,7 +30,7 @@ from state.core.schemas import (
     rejection,
 )
 from streams import metrics
-from streams.errors import BadRequest, ServiceUnavailable
+from streams.errors import BadRequest
 from streams.store.pool import connection
 
 
@@ -137,16 +137,10 @@ async def _judge(
             _validate_append(values, messages, plain)
             return
     if registration.schemas:
-        try:
+        with checker.answered("the append"):
             refusal = await checker.check(
                 path, registration.version, registration.schemas, messages
             )
-        except checker.CheckTimeout as exc:
-            raise BadRequest(
-                f"the append could not be checked against its schemas within {exc} s"
-            ) from None
-        except checker.CheckUnavailable:
-            raise ServiceUnavailable("schema checks are unavailable; retry later") from None
         if refusal is not None:
             raise BadRequest(refusal)
     elif len(messages) <= INLINE_EVENTS:

@@ -145,7 +145,9 @@ def compile_schemas(
                 f" applies {cost.cost} keywords to one value (at most {REGISTER_MAX_COST}),"
                 " counting every way $ref and the other applicators reach them"
             )
-        compiled[entity_type] = SchemaValidator(schema, fast, cost.cost, cost.recursive, cost.plain)
+        compiled[entity_type] = SchemaValidator(
+            schema, fast, cost.cost, cost.recursive, cost.plain, bounded
+        )
     return compiled
 
 
