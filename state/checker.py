@@ -209,7 +209,7 @@ def _pool() -> _Pool:
 def _serve(conn: Connection) -> None:
     """The child's loop: compile registrations and judge appends until the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's shutdown ends it (EOF)
-    from state.core.schemas import SchemaError, compile_schemas
+    from state.core.schemas import SchemaError, compile_schemas, judge
 
     compiled: OrderedDict[tuple[str, int], Any] = OrderedDict()
     while True:
@@ -234,7 +234,8 @@ def _serve(conn: Connection) -> None:
                 continue
             compiled.move_to_end(key)
             if kind == "judge_each":
-                conn.send(("answer", [_reason(message, validators) for message in request[2]]))
+                reasons = [judge(message, validators)[1] for message in request[2]]
+                conn.send(("answer", reasons))
             else:
                 conn.send(("answer", _judge(request[2], validators)))
         except Exception as exc:  # noqa: BLE001 - answered as a refusal; the child goes on
@@ -254,18 +255,6 @@ def _judge(messages: list[bytes], validators: Any) -> str | None:
         if reason is not None:
             return f"event {index}: {reason}"
     return None
-
-
-def _reason(message: bytes, validators: Any) -> str | None:
-    """Why a stored message is not materialized, as ``state.core.schemas.judge`` says it."""
-    from state.core import parse_event
-    from state.core.schemas import rejection
-
-    try:
-        event = parse_event(json.loads(message))
-    except ValueError as exc:  # not JSON, or not a State Event (InvalidEvent)
-        return str(exc)
-    return rejection(event, message, validators)
 
 
 class HistoryChecker:

@@ -41,6 +41,7 @@ class Registration:
     # Compiled here when every schema is made of PLAIN_KEYWORDS (None otherwise): small
     # appends are checked in this process, without the round trip to a checker.
     plain: dict[str, SchemaValidator] | None = None
+    plain_cost: int = 0  # the costliest of ``plain``'s schemas
 
 
 _registrations: dict[str, Registration] = {}
@@ -69,7 +70,9 @@ async def _load(path: str) -> Registration | None:
     if cached is not None and cached.version == version:
         return _cached(path)  # versions change with every registration: the same rules
     schemas = schemas if isinstance(schemas, dict) else {}
-    registration = Registration(version, schemas, await asyncio.to_thread(_plain, schemas))
+    plain = await asyncio.to_thread(_plain, schemas)
+    costliest = max((v.cost for v in plain.values()), default=0) if plain else 0
+    registration = Registration(version, schemas, plain, costliest)
     _registrations.pop(path, None)
     _registrations[path] = registration
     while len(_registrations) > settings.DS_STATE_CACHED_REGISTRATIONS:
@@ -83,12 +86,12 @@ def _plain(schemas: dict[str, Any]) -> dict[str, SchemaValidator] | None:
     first, so that schemas checked in a checker process are not compiled here too (compiling
     holds Python's lock)."""
     try:
-        if not all(schema_cost(schema).plain for schema in schemas.values()):
+        costs = {name: schema_cost(schema) for name, schema in schemas.items()}
+        if not all(cost.plain for cost in costs.values()):
             return None
-        validators = compile_schemas(schemas)
+        return compile_schemas(schemas, costs=costs)
     except (SchemaError, RecursionError):  # checked at registration; never expected
         return None
-    return validators if all(v.plain for v in validators.values()) else None
 
 
 def _cached(path: str) -> Registration | None:
@@ -131,11 +134,9 @@ async def _judge(
     deadline (a refusal when it passes); without schemas, here, thousands of events off the
     event loop."""
     plain = registration.plain
-    if registration.schemas and plain is not None and len(messages) <= INLINE_EVENTS:
-        costliest = max((v.cost for v in plain.values()), default=0)
-        if (costliest + CONVERSION_UNITS) * sum(map(len, messages)) <= INLINE_WORK:
-            _validate_append(values, messages, plain)
-            return
+    if registration.schemas and plain is not None and _small(registration, messages):
+        _validate_append(values, messages, plain)
+        return
     if registration.schemas:
         with checker.answered("the append"):
             refusal = await checker.check(
@@ -147,6 +148,12 @@ async def _judge(
         _validate_append(values, messages, {})
     else:
         await asyncio.to_thread(_validate_append, values, messages, {})
+
+
+def _small(registration: Registration, messages: list[bytes]) -> bool:
+    """Whether an append is small enough to be checked against plain schemas here."""
+    work = (registration.plain_cost + CONVERSION_UNITS) * sum(map(len, messages))
+    return len(messages) <= INLINE_EVENTS and work <= INLINE_WORK
 
 
 def _validate_append(

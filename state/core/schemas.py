@@ -110,14 +110,19 @@ def _where(path: list[Any]) -> str:
 
 
 def compile_schemas(
-    schemas: dict[str, Any], *, registering: bool = False, bounded: bool = True
+    schemas: dict[str, Any],
+    *,
+    registering: bool = False,
+    bounded: bool = True,
+    costs: dict[str, SchemaCost] | None = None,
 ) -> dict[str, SchemaValidator]:
     """A validator per entity type; SchemaError when a schema is not a valid JSON Schema,
     refers to another document (``$ref`` to a URL or a file: the server fetches nothing on a
     client's behalf, and the meta-schemas are built in) or has no bounded cost
     (``state.core.schema_cost``). When ``registering``, also when it costs more than
     ``REGISTER_MAX_COST`` (a registration stored earlier keeps its rules, and its values are
-    refused by the budget instead)."""
+    refused by the budget instead). ``costs``: the schemas' ``schema_cost``, if the caller
+    has them already."""
     compiled = {}
     for entity_type, schema in schemas.items():
         if not isinstance(schema, dict | bool):
@@ -130,7 +135,7 @@ def compile_schemas(
         except (ValueError, jsonschema_rs.ValidationError) as exc:
             raise SchemaError(f"the schema of {entity_type!r} cannot be used: {exc}") from None
         try:
-            cost = schema_cost(schema)
+            cost = costs[entity_type] if costs is not None else schema_cost(schema)
         except SchemaError as exc:
             if registering:
                 raise SchemaError(
