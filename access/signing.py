@@ -15,12 +15,28 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-from access.grants import Grant, Operation, normalize_prefix
-from streams.errors import Unauthorized
+from access.grants import Grant, Operation, normalize_prefix, stream_resource
+from streams.errors import BadRequest, Unauthorized
+from streams.http.request import check_stream_path
 
 SALT = "durable-streams.signed-read-url"
 KEY, SCOPE, EXACT, EXPIRES, SIGNATURE = "ds_key", "ds_scope", "ds_exact", "ds_expires", "ds_sig"
 PARAMS = (KEY, SCOPE, EXACT, EXPIRES, SIGNATURE)
+
+
+def scope_of(stream: str | None, prefix: str | None) -> str:
+    """What a signed URL for one ``stream``, or for a ``prefix``, covers; BadRequest unless
+    the stream's path is valid or the prefix could begin one (``a/../b`` made a URL into
+    another tenant's stream, found by a probe)."""
+    if stream is not None:
+        return stream_resource(check_stream_path(stream))
+    scope = normalize_prefix(prefix or "")
+    head, slash, rest = scope.partition("/")
+    if head != "stream" or not slash:
+        raise BadRequest("a signed URL's prefix begins with stream/")
+    if rest:
+        check_stream_path(rest.removesuffix("/"))
+    return scope
 
 
 def _signature(key_id: str, scope: str, exact: bool, expires: int) -> str:

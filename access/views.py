@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access import signing
-from access.grants import Operation, normalize_prefix, stream_resource
+from access.grants import Operation
 from access.rest import principal_of
 from streams.errors import BadRequest, Forbidden
 
@@ -78,7 +78,7 @@ class SignedUrls(APIView):
         if data["expires_in"] > settings.DS_AUTH_SIGNED_URL_MAX_SECS:
             raise BadRequest(f"expires_in is at most {settings.DS_AUTH_SIGNED_URL_MAX_SECS}")
         exact = "stream" in data
-        scope = stream_resource(data["stream"]) if exact else normalize_prefix(data["prefix"])
+        scope = signing.scope_of(data.get("stream"), data.get("prefix"))
         principal.require(scope, Operation.READ)
         expires = int(time.time()) + data["expires_in"]
         query = signing.query_string(

@@ -7,11 +7,50 @@ from collections.abc import Callable
 
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.cache import patch_vary_headers
 
+from streams.http.responses import cors_headers, preflight
 from streams.store.failures import refusal_for
 from streams.store.pool import RETRY_AFTER_SECS, is_connection_failure
 
 logger = logging.getLogger(__name__)
+
+
+# Methods of the REST API (`/v1/` routes Django serves) a CORS preflight allows.
+API_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+class ApiHeadersMiddleware:
+    """The REST API's answers as the protocol endpoints' are for browsers and caches: a CORS
+    preflight answered without credentials, CORS headers on every answer
+    (``DS_HTTP__CORS_ORIGINS``), and ``Cache-Control: no-store`` where a view set none (a
+    list of one key's streams, or a page read with a signed URL, kept by a shared cache).
+    Found by a probe: preflights were 401 and answers had neither."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path.startswith("/v1/"):
+            return self.get_response(request)
+        origin = request.headers.get("Origin")
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            answer = preflight(request.headers.get("Access-Control-Request-Headers"))
+            response = HttpResponse(status=answer.status)
+            for name, value in answer.headers.items():
+                response[name] = value
+            response["Access-Control-Allow-Methods"] = response["Allow"] = API_METHODS
+        else:
+            response = self.get_response(request)
+            if "Cache-Control" not in response:
+                response["Cache-Control"] = "no-store"
+        for raw_name, raw_value in cors_headers(origin):
+            name, value = raw_name.decode(), raw_value.decode("latin-1")
+            if name == "vary":
+                patch_vary_headers(response, [value])
+            else:
+                response[name] = value
+        return response
 
 
 class ReleaseDatabaseMiddleware:

@@ -41,6 +41,15 @@ ALLOWED_HOSTS = env.list(
     "DJANGO_ALLOWED_HOSTS", default=["*"] if DEBUG else ["localhost", "127.0.0.1", "[::1]"]
 )
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Behind TLS (README, Production): the admin's and console's session and CSRF cookies only
+# over HTTPS, HSTS for this long, and the proxy's header that says a request came over HTTPS
+# (e.g. X-Forwarded-Proto; only if the proxy always sets it). Off by default so that a
+# checkout served over plain HTTP (make serve) can still sign in.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0)
+_PROXY_SSL_HEADER = env.str("DJANGO_PROXY_SSL_HEADER", default="")
+if _PROXY_SSL_HEADER:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     # daphne first: it makes `manage.py runserver` serve the ASGI application.
@@ -68,6 +77,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "durable_project.middleware.ApiHeadersMiddleware",
     "durable_project.middleware.ReleaseDatabaseMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "durable_project.middleware.DatabaseErrorMiddleware",
@@ -305,6 +315,16 @@ DS_TABLESYNC_SINK_BATCH_MESSAGES = env.int("DS_TABLESYNC__SINK_BATCH_MESSAGES", 
 DS_AUTH_MODE = env.str("DS_AUTH__MODE", default="open" if DEBUG else "keys")
 if DS_AUTH_MODE not in ("keys", "open"):
     raise ImproperlyConfigured("DS_AUTH__MODE must be 'keys' or 'open'")
+# Who may keep a historical chunk (PROTOCOL.md 10.1): "public" lets shared caches (a CDN) keep
+# it and give it to anyone asking the same URL; "private" only the client's own cache. Private
+# unless everyone may read everything (open): in keys mode a CDN would hand one key's reads to
+# clients without it (found by a probe). "public" there only behind a cache that keys on the
+# credentials (Authorization, the signed query) or checks them itself.
+DS_CACHE_SCOPE = env.str(
+    "DS_HTTP__CACHE_SCOPE", default="public" if DS_AUTH_MODE == "open" else "private"
+)
+if DS_CACHE_SCOPE not in ("public", "private"):
+    raise ImproperlyConfigured("DS_HTTP__CACHE_SCOPE must be 'public' or 'private'")
 # Signs read URLs (access.signing); the secret key when unset.
 DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
 # Signed URLs may be valid for at most this long.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
+
 from streams.http.request import Request
 from streams.http.responses import Response
 from streams.protocol import json_mode
@@ -21,8 +23,9 @@ from streams.store.types import (
 )
 
 NO_STORE = "no-store"
-# PROTOCOL.md 10.1: historical chunks never change, so shared caches may keep them.
-CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+# PROTOCOL.md 10.1: historical chunks never change, so caches may keep them; shared caches
+# only with DS_HTTP__CACHE_SCOPE public (the default in open mode alone).
+CACHEABLE = "max-age=60, stale-while-revalidate=300"
 
 
 def created(request: Request, result: CreateResult) -> Response:
@@ -97,7 +100,7 @@ def data(
     """Messages read (catch-up or long-poll). A matching ``If-None-Match`` is a 304, whose
     body is never built."""
     headers = _data_headers(meta, result, cursor)
-    if if_none_match is not None and headers["ETag"] in _etags(if_none_match):
+    if if_none_match is not None and _matches(headers["ETag"], if_none_match):
         del headers["Content-Type"]
         return Response(304, headers)
     return Response(200, headers, body_parts(meta, result))
@@ -140,8 +143,11 @@ def absolute_url(request: Request) -> str:
     return f"{scheme}://{host}{request.raw_path}"
 
 
-def _etags(header: str) -> set[str]:
-    return {tag.strip() for tag in header.split(",")}
+def _matches(etag: str, if_none_match: str) -> bool:
+    """``If-None-Match`` with the weak comparison RFC 9110 13.1.2 asks for (``W/`` ignored),
+    ``*`` matching any representation."""
+    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return etag in tags or "*" in tags
 
 
 def _data_headers(
@@ -156,7 +162,9 @@ def _data_headers(
         "Stream-Next-Offset": str(result.next_offset),
         "ETag": etag,
         # A chunk that reaches the tail of an open stream may grow; only history is cacheable.
-        "Cache-Control": CACHEABLE if not result.up_to_date else NO_STORE,
+        "Cache-Control": NO_STORE
+        if result.up_to_date
+        else f"{settings.DS_CACHE_SCOPE}, {CACHEABLE}",
     }
     if result.up_to_date:
         headers["Stream-Up-To-Date"] = "true"

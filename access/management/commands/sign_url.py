@@ -9,9 +9,10 @@ from urllib.parse import quote
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from access.grants import normalize_prefix, stream_resource
 from access.models import ApiKey
 from access.services import signed_query
+from access.signing import scope_of
+from streams.errors import BadRequest
 
 
 class Command(BaseCommand):
@@ -29,7 +30,10 @@ class Command(BaseCommand):
         if not 0 < options["expires_in"] <= settings.DS_AUTH_SIGNED_URL_MAX_SECS:
             raise CommandError(f"--expires-in is 1 to {settings.DS_AUTH_SIGNED_URL_MAX_SECS}")
         stream = options["stream"]
-        scope = stream_resource(stream) if stream else normalize_prefix(options["prefix"])
+        try:
+            scope = scope_of(stream, options["prefix"])
+        except BadRequest as exc:
+            raise CommandError(exc.message) from None
         try:
             query = signed_query(
                 key_id=options["key"], scope=scope, exact=bool(stream),
