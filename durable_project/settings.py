@@ -223,6 +223,11 @@ DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
 DS_MAX_STREAM_BYTES = env.int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3)
 # A request body may be at most this many bytes; a larger one answers 413 and stores nothing.
 DS_MAX_REQUEST_BYTES = env.int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2)
+# How many forks deep a chain may go (a fork of a fork of ... ): every read and HEAD of a fork
+# walks its chain, so its depth is what each costs (400 past it; ds_max_fork_depth).
+DS_MAX_FORK_DEPTH = env.int("DS_LIMITS__MAX_FORK_DEPTH", default=100)
+if DS_MAX_FORK_DEPTH < 1:
+    raise ImproperlyConfigured("DS_LIMITS__MAX_FORK_DEPTH must be 1 or more")
 # A JSON append (or a create's initial body) may hold at most this many messages (413).
 DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000)
 # A request body's next part must arrive within this many seconds (408 otherwise).

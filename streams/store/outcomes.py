@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 
+from django.conf import settings
+
 from streams.errors import (
     BadRequest,
     Conflict,
@@ -37,6 +39,7 @@ class CreateOutcome(StrEnum):
     SUB_OFFSET_INVALID = "sub_offset_invalid"
     TOO_LARGE = "too_large"
     FORK_OFFSET_GONE = "fork_offset_gone"
+    FORK_TOO_DEEP = "fork_too_deep"
 
 
 class AppendOutcome(StrEnum):
@@ -96,6 +99,10 @@ CREATE_ERRORS: dict[CreateOutcome, Callable[[], ProtocolError]] = {
     ),
     CreateOutcome.FORK_OFFSET_INVALID: lambda: BadRequest(
         "Stream-Fork-Offset is not a position of the source stream"
+    ),
+    CreateOutcome.FORK_TOO_DEEP: lambda: BadRequest(
+        f"the fork source is already {settings.DS_MAX_FORK_DEPTH} forks deep, as deep as"
+        " forks may go (fork an earlier stream of its chain)"
     ),
     # The fork-offset-gone answer carries the source's start: built by the store
     # (writes.fork_offset_gone), which knows it.

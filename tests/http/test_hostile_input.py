@@ -242,3 +242,34 @@ def test_chunked_bodies_to_django_urls_are_bounded(django_limit_client: httpx.Cl
 
     response = django_limit_client.post("/v1/state/streams", content=chunks(), headers=JSON)
     assert response.status_code == 413
+
+
+def test_fork_chains_stop_at_their_depth(start_server: Any, stream_path: str) -> None:
+    """Every read and HEAD of a fork walks its chain: a client forking forks a thousand deep
+    made each cost tens of milliseconds of the database's time, and fork creation slower still
+    (found by a probe). Past ``DS_LIMITS__MAX_FORK_DEPTH`` a fork is refused (400) and nothing
+    is created; the deepest fork reads its whole chain."""
+    server = start_server(env={"DS_LIMITS__MAX_FORK_DEPTH": "5"})
+    with httpx.Client(timeout=30) as client:
+        text = {"Content-Type": "text/plain"}
+        assert client.put(server.stream_url(stream_path), headers=text).status_code == 201
+        chain = [stream_path]
+        for depth in range(1, 7):
+            source = chain[-1]
+            assert client.post(server.stream_url(source), headers=text, content=f"{depth - 1}.")
+            fork = f"{stream_path}/f{depth}"
+            answer = client.put(server.stream_url(fork), headers={"Stream-Forked-From": source})
+            if depth <= 5:
+                assert answer.status_code == 201, (depth, answer.text)
+                chain.append(fork)
+            else:
+                assert answer.status_code == 400, answer.text
+                assert "5 forks deep" in answer.text
+                assert client.head(server.stream_url(fork)).status_code == 404
+        deepest = client.get(server.stream_url(chain[-1]), params={"offset": "-1"})
+        assert deepest.text == "0.1.2.3.4.5."
+        # A fork of a shallower link of the chain is still allowed.
+        beside = client.put(
+            server.stream_url(f"{stream_path}/beside"), headers={"Stream-Forked-From": chain[2]}
+        )
+        assert beside.status_code == 201, beside.text

@@ -373,6 +373,27 @@ $$;
 
 -- A fork's source (ds_create, step 2): locked, judged, and what the fork starts from. outcome
 -- is NULL when the fork may be made; otherwise it says why not.
+-- How many forks deep a chain may go: every read and HEAD of a fork walks its chain, so a client
+-- making one thousands deep made each of them cost tens of milliseconds of the database's time
+-- (found by a probe). The server's connections set it (DS_STREAMS__MAX_FORK_DEPTH).
+CREATE OR REPLACE FUNCTION ds_max_fork_depth() RETURNS int
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('ds.max_fork_depth', true), '')::int, 100)
+$$;
+
+-- How many forks deep s is (0: not a fork), counted up to p_limit.
+CREATE OR REPLACE FUNCTION ds_fork_depth(s ds_stream, p_limit int) RETURNS int
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE chain (source, depth) AS (
+        SELECT s.fork_source_id, 0
+        UNION ALL
+        SELECT t.fork_source_id, c.depth + 1
+          FROM chain AS c JOIN ds_stream AS t ON t.id = c.source
+         WHERE c.depth < p_limit
+    )
+    SELECT max(depth) FROM chain
+$$;
+
 CREATE OR REPLACE FUNCTION ds_create_fork_plan(
     p_fork_from text, p_content_type text, p_fork_seq bigint, p_fork_pos bigint,
     p_fork_sub bigint,
@@ -403,6 +424,8 @@ BEGIN
             THEN 'fork_offset_gone'
         WHEN p_fork_seq IS NOT NULL AND NOT ds_is_position(src, p_fork_seq, p_fork_pos)
             THEN 'fork_offset_invalid'
+        WHEN ds_fork_depth(src, ds_max_fork_depth()) >= ds_max_fork_depth()
+            THEN 'fork_too_deep'
     END;
     IF outcome IS NOT NULL THEN
         RETURN;
