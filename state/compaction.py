@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import psycopg
 from django.conf import settings
 
-from streams.errors import ServiceUnavailable
-from streams.store.failures import log_failure
+from streams.store.failures import log_failure, unavailable
 from streams.store.pool import connection, conninfo
 
 logger = logging.getLogger(__name__)
@@ -83,11 +82,13 @@ async def compact(
         tombstone = (
             registration[0] if registration[0] is not None else settings.DS_STATE_TOMBSTONE_SECS
         )
-        cur = await conn.execute(
-            "SELECT horizon, floor, keep, dropped_delete FROM ds_state_compaction_plan(%s, %s)",
-            (stream_id, tombstone),
-        )
-        plan = await cur.fetchone()
+        async with conn.transaction():  # one snapshot: the entities are the state at the horizon
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur = await conn.execute(
+                "SELECT horizon, floor, keep, dropped_delete FROM ds_state_compaction_plan(%s, %s)",
+                (stream_id, tombstone),
+            )
+            plan = await cur.fetchone()
         if plan is None:
             return None
         horizon, floor, keep, dropped_delete = plan
@@ -183,17 +184,25 @@ async def _sweep(interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            for stream_id in await due():
-                result = await compact(stream_id)
-                if result is not None and result.deleted:
-                    logger.info(
-                        "compacted state stream %s: %d events deleted, %d kept, in %.1fs",
-                        stream_id,
-                        result.deleted,
-                        result.kept,
-                        result.seconds,
-                    )
-        except ServiceUnavailable:
-            logger.warning("compaction sweep skipped: the database is unavailable")
+            streams = await due()
         except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
             log_failure(logger, "compaction sweep", exc)
+            continue
+        for stream_id in streams:
+            # One stream's failure is its own: the streams after it are still compacted (a
+            # message no compaction could read once stopped every later stream's, for good).
+            try:
+                result = await compact(stream_id)
+            except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+                log_failure(logger, f"compaction of state stream {stream_id}", exc)
+                if unavailable(exc):
+                    break  # the others would fail alike: the next sweep tries again
+                continue
+            if result is not None and result.deleted:
+                logger.info(
+                    "compacted state stream %s: %d events deleted, %d kept, in %.1fs",
+                    stream_id,
+                    result.deleted,
+                    result.kept,
+                    result.seconds,
+                )

@@ -36,6 +36,7 @@ from streams import metrics
 from streams.models import Message
 from streams.protocol.offsets import Offset
 from streams.store import pool as store_pool
+from streams.store.failures import log_failure
 from yjs.framing import read_frames
 from yjs.models import YjsDocument, YjsSnapshot
 from yjs.updates import UnmergeableUpdates, snapshot_of
@@ -232,9 +233,9 @@ async def _compact_soon(stream_id: int) -> None:
             # Another process may be compacting it right now: look again in a moment, not in
             # a tight loop.
             await asyncio.sleep(0.25)
-    except Exception:  # retried at the next threshold crossing (YJS-PROTOCOL.md 8.4)
+    except Exception as exc:  # noqa: BLE001 - logged; retried at the next threshold (8.4)
         metrics.YJS_COMPACTIONS.labels("error").inc()
-        logger.exception("compaction of document %s failed", stream_id)
+        log_failure(logger, f"compaction of document {stream_id}", exc)
         _covered[stream_id] = _tails.get(stream_id, 0)  # wait for new updates before retrying
     finally:
         _running.discard(stream_id)

@@ -387,10 +387,73 @@ $$;
 -- exact. The range is judged on its own, not against later events: a fork made at or after
 -- the horizon inherits an exact prefix.
 
+-- A stored message as a State Event, or NULL when PostgreSQL cannot read it as jsonb: a \u0000
+-- escape or an unpaired surrogate, stored before the stream was registered (appends to state
+-- streams refuse them; one such message failed every compaction sweep, found by a probe).
+-- Only messages with a \u escape take the slow way (an exception block).
+CREATE OR REPLACE FUNCTION ds_state_event_or_null(p_data bytea) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN convert_from(p_data, 'UTF8')::jsonb;
+EXCEPTION WHEN untranslatable_character OR invalid_text_representation
+               OR character_not_in_repertoire THEN
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION ds_state_event(p_data bytea) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN position('\x5c75'::bytea IN p_data) = 0
+                THEN convert_from(p_data, 'UTF8')::jsonb
+                ELSE ds_state_event_or_null(p_data) END
+$$;
+
 -- The plan: the events to keep in [floor, horizon), sorted; the highest delete dropped for
 -- its age (readers resuming before it would miss it: offsets up to it become 410). Deletes
 -- count as old when appended before the newest mark at least p_tombstone_seconds old (0: every
--- delete). Reads only: no lock.
+-- delete). Reads only: no lock. Run in one snapshot (REPEATABLE READ: state/compaction.py), so
+-- the entities are exactly the state at the horizon.
+--
+-- Which change of a key is its latest is the materialized state's to say, not the messages':
+-- history stored before a registration holds events the materializer skipped (an unknown
+-- operation, a key that is not a string, a value its schema refuses), and the latest of a
+-- key's messages may be one of those (found by a probe: the valid events were deleted and the
+-- skipped ones kept, so a rebuild lost the entities). So a live entity keeps the event its
+-- offset names; a key with no entity keeps its latest valid delete (ds_state_delete_is_valid),
+-- unless old, for readers resuming before it; every other change goes. Messages PostgreSQL
+-- cannot read are kept as they are.
+-- Whether a delete is one the materializer applies (state.core.events.parse_event, for a
+-- delete: no value to check against a schema): type and key non-empty strings, no control
+-- header, txid and timestamp absent or strings, the timestamp in RFC 3339's form. (Whether its
+-- date exists, 2026-02-30, is not checked here: such a delete may be kept in place of a valid
+-- one before it.)
+CREATE OR REPLACE FUNCTION ds_state_delete_is_valid(e jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_typeof(e -> 'type') = 'string' AND e ->> 'type' <> ''
+       AND jsonb_typeof(e -> 'key') = 'string' AND e ->> 'key' <> ''
+       AND NOT e -> 'headers' ? 'control'
+       AND coalesce(jsonb_typeof(e -> 'headers' -> 'txid') = 'string'
+                    AND e -> 'headers' ->> 'txid' <> '', NOT e -> 'headers' ? 'txid')
+       AND coalesce(e -> 'headers' ->> 'timestamp'
+                    ~ '^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$'
+                    AND jsonb_typeof(e -> 'headers' -> 'timestamp') = 'string',
+                    NOT e -> 'headers' ? 'timestamp')
+$$;
+
+-- Whether an event is a reset the materializer applies (parse_event): the control alone, an
+-- offset absent or a string an offset can be. One with an operation beside it is skipped, and
+-- taken for a reset it would have dropped every event before it.
+CREATE OR REPLACE FUNCTION ds_state_reset_is_valid(e jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT e -> 'headers' ->> 'control' = 'reset'
+       AND jsonb_typeof(e -> 'headers' -> 'control') = 'string'
+       AND NOT e -> 'headers' ? 'operation'
+       AND coalesce(jsonb_typeof(e -> 'headers' -> 'offset') = 'string'
+                    AND e -> 'headers' ->> 'offset' <> ''
+                    AND e -> 'headers' ->> 'offset' !~ '[,&=?/]',
+                    NOT e -> 'headers' ? 'offset')
+$$;
+
 CREATE OR REPLACE FUNCTION ds_state_compaction_plan(p_stream_id bigint, p_tombstone_seconds bigint)
 RETURNS TABLE (horizon bigint, floor bigint, keep bigint[], dropped_delete bigint)
 LANGUAGE plpgsql ROWS 1 AS $$
@@ -421,23 +484,33 @@ BEGIN
     SELECT max(m.seq) INTO v_reset FROM ds_message AS m
      WHERE m.stream_id = s.id AND m.seq >= floor AND m.seq < horizon
        AND position('"reset"'::bytea IN m.data) > 0
-       AND convert_from(m.data, 'UTF8')::jsonb -> 'headers' ->> 'control' = 'reset';
+       AND ds_state_reset_is_valid(ds_state_event(m.data));
     v_from := coalesce(v_reset + 1, floor);
-    SELECT coalesce(array_agg(l.seq ORDER BY l.seq)
-                        FILTER (WHERE l.op IS DISTINCT FROM 'delete' OR l.seq >= v_tombstones),
-                    '{}'),
-           max(l.seq) FILTER (WHERE l.op = 'delete' AND l.seq < v_tombstones)
+    WITH ev AS MATERIALIZED (  -- parse each event once, not once per use of `e`
+        SELECT m.seq, ds_state_event(m.data) AS e FROM ds_message AS m
+         WHERE m.stream_id = s.id AND m.seq >= v_from AND m.seq < horizon
+    ), changes AS (
+        SELECT ev.seq, ev.e, ev.e -> 'headers' ->> 'operation' AS op, x.seq AS live_seq
+          FROM ev LEFT JOIN LATERAL (
+            SELECT split_part(n.event_offset, '_', 1)::bigint AS seq FROM ds_entity AS n
+             WHERE n.stream_id = s.id AND n.type = ev.e ->> 'type' AND n.key = ev.e ->> 'key'
+          ) AS x ON true
+         WHERE ev.e -> 'headers' ? 'operation'
+    ), deletes AS (
+        SELECT DISTINCT ON (c.e ->> 'type', c.e ->> 'key') c.seq FROM changes AS c
+         WHERE c.live_seq IS NULL AND c.op = 'delete' AND ds_state_delete_is_valid(c.e)
+         ORDER BY c.e ->> 'type', c.e ->> 'key', c.seq DESC
+    )
+    SELECT coalesce(array_agg(k.seq ORDER BY k.seq) FILTER (WHERE k.kept), '{}'),
+           max(k.seq) FILTER (WHERE NOT k.kept)
       INTO keep, dropped_delete
       FROM (
-        SELECT DISTINCT ON (e ->> 'type', e ->> 'key') ev.seq, e -> 'headers' ->> 'operation' AS op
-          FROM (SELECT m.seq, convert_from(m.data, 'UTF8')::jsonb AS e
-                  FROM ds_message AS m
-                 WHERE m.stream_id = s.id AND m.seq >= v_from AND m.seq < horizon
-                OFFSET 0  -- parse each event once, not once per use of `e`
-               ) AS ev
-         WHERE e -> 'headers' ? 'operation'
-         ORDER BY e ->> 'type', e ->> 'key', ev.seq DESC
-      ) AS l;
+        SELECT ev.seq, true AS kept FROM ev WHERE ev.e IS NULL
+        UNION ALL
+        SELECT c.seq, true FROM changes AS c WHERE c.live_seq = c.seq
+        UNION ALL
+        SELECT d.seq, d.seq >= v_tombstones FROM deletes AS d
+      ) AS k;
     IF v_reset IS NOT NULL THEN
         keep := v_reset || keep;
     END IF;

@@ -39,14 +39,27 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
     return None
 
 
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database is unavailable or busy (work to try again later);
+    Django's database errors carry psycopg's as their cause."""
+    found: BaseException | None = exc
+    for _ in range(2):
+        if found is None:
+            return False
+        if (
+            is_connection_failure(found)
+            or isinstance(found, ServiceUnavailable)
+            or isinstance(refusal_for(found), ServiceUnavailable)
+        ):
+            return True
+        found = found.__cause__
+    return False
+
+
 def log_failure(logger: logging.Logger, what: str, exc: Exception) -> None:
     """Log a failure of background work: the database unavailable or busy (it will be tried
     again) in one line, anything else with its traceback."""
-    if (
-        is_connection_failure(exc)
-        or isinstance(exc, ServiceUnavailable)
-        or isinstance(refusal_for(exc), ServiceUnavailable)
-    ):
+    if unavailable(exc):
         logger.warning("%s failed: the database is unavailable or busy (%s)", what, exc)
     else:
         logger.error("%s failed", what, exc_info=exc)

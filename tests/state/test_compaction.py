@@ -361,3 +361,104 @@ def test_a_reader_from_the_start_gets_past_a_dropped_delete_on_any_page(
                         break
                     event, data = "", []
         assert seen == messages
+
+
+def test_events_the_materializer_skipped_do_not_decide_what_compaction_keeps(
+    client: httpx.Client, stream_path: str, database_url: str
+) -> None:
+    """History stored before a registration may hold events the materializer skips: an
+    unknown operation, a key that is not a string (whose text is a real key), a value its
+    schema refuses. Compaction kept the latest message of each (type, key), and here those
+    were the skipped ones: it deleted the three valid events, so a reader from -1, and a
+    rebuild, lost every entity the state API still showed (found by a probe)."""
+    assert client.put(stream_url(stream_path), headers=JSON).status_code == 201
+    kept = [
+        change("t", "a", {"v": "good-a"}),
+        change("t", "7", {"v": "good-7"}),
+        change("u", "s", {"n": 1}),
+    ]
+    skipped = [
+        {"type": "t", "key": "a", "value": {"v": "x"}, "headers": {"operation": "bogus"}},
+        {"type": "t", "key": 7, "value": {"v": "y"}, "headers": {"operation": "insert"}},
+        change("u", "s", {"n": "not a number"}, "update"),
+    ]
+    history = [event for pair in zip(kept, skipped, strict=True) for event in pair]
+    appended = client.post(stream_url(stream_path), headers=JSON, content=json.dumps(history))
+    assert appended.status_code in (200, 204), appended.text
+    payload = {
+        "stream": stream_path,
+        "compaction": True,
+        "tombstone_seconds": 0,
+        "schemas": {"u": {"type": "object", "properties": {"n": {"type": "number"}}}},
+    }
+    made = client.post(f"{STATE}/streams", json=payload)
+    assert made.status_code == 201, made.text
+    assert made.json()["invalid_events"] == 3
+    state = {("t", "a"): {"v": "good-a"}, ("t", "7"): {"v": "good-7"}, ("u", "s"): {"n": 1}}
+    assert entity_map(client, stream_path) == state
+    compact(database_url, stream_path)
+    assert read_messages(client, stream_path)[0] == kept
+    result = manage(database_url, "materialize_state", "--stream", stream_path, "--rebuild")
+    assert result.returncode == 0, result.stderr
+    assert entity_map(client, stream_path) == state
+
+
+def test_a_message_postgresql_cannot_read_stops_no_compaction(
+    compacting: ServerProcess, stream_path: str, database_url: str
+) -> None:
+    """A ``\\u0000`` escape (or an unpaired surrogate) stored before registration: PostgreSQL
+    cannot read it as jsonb. The plan failed on it, every sweep, and the sweep stopped at that
+    stream, so every state stream after it went uncompacted for good; ``compact_state`` ended
+    with a traceback (found by a probe). The message is kept as it is, both streams are
+    compacted, and the command reports success."""
+    rng = random.Random(5)
+    poisoned, victim = f"{stream_path}/poisoned", f"{stream_path}/victim"
+    with httpx.Client(base_url=compacting.base_url, timeout=30) as client:
+        assert client.put(stream_url(poisoned), headers=JSON).status_code == 201
+        unreadable = '[{"type":"t","key":"a\\u0000b","value":1,"headers":{"operation":"insert"}}]'
+        answer = client.post(stream_url(poisoned), headers=JSON, content=unreadable)
+        assert answer.status_code in (200, 204), answer.text
+        payload = {"stream": poisoned, "compaction": True}
+        assert client.post(f"{STATE}/streams", json=payload).status_code == 201
+        create_registered(client, victim)
+        for path in (poisoned, victim):
+            write_all(client, path, history(rng, 120, keys=5))
+        for path in (victim, poisoned):
+            eventually(
+                lambda path=path: registration(client, path).json()["compacted_at"],
+                what=f"compaction of {path}",
+            )
+        messages = client.get(stream_url(poisoned), params={"offset": "-1"}).content
+        assert b"a\\u0000b" in messages
+    assert manage(database_url, "compact_state", "--stream", poisoned).returncode == 0
+
+
+def write_all(client: httpx.Client, path: str, events: list[dict[str, Any]]) -> None:
+    response = client.post(stream_url(path), headers=JSON, content=json.dumps(events))
+    assert response.status_code in (200, 204), response.text
+
+
+def test_a_deleted_key_keeps_its_latest_valid_delete(
+    client: httpx.Client, stream_path: str, database_url: str
+) -> None:
+    """Within the tombstone period a deleted key keeps a delete for readers resuming before
+    it: the latest one the materializer applies, not a later one it skips (a txid that is not
+    a string, a control header beside the operation). The one with ``control: reset`` beside
+    its operation was taken for a reset, and everything before it dropped."""
+    assert client.put(stream_url(stream_path), headers=JSON).status_code == 201
+    valid_delete = change("t", "k", op="delete")
+    history = [
+        change("t", "k", {"v": 1}),
+        valid_delete,
+        change("t", "k", op="delete", txid=5),
+        change("t", "k", op="delete", control="reset"),
+        change("t", "other", {"v": 2}),
+    ]
+    appended = client.post(stream_url(stream_path), headers=JSON, content=json.dumps(history))
+    assert appended.status_code in (200, 204), appended.text
+    payload = {"stream": stream_path, "compaction": True, "tombstone_seconds": 86400}
+    made = client.post(f"{STATE}/streams", json=payload)
+    assert made.status_code == 201 and made.json()["invalid_events"] == 2, made.text
+    compact(database_url, stream_path)
+    assert read_messages(client, stream_path)[0] == [valid_delete, history[-1]]
+    assert entity_map(client, stream_path) == {("t", "other"): {"v": 2}}

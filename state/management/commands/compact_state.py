@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from state.compaction import Compacted, compact
 from state.models import StateStream
+from streams.errors import ProtocolError
 from streams.store.pool import close_pool
 
 
@@ -44,6 +46,7 @@ class Command(BaseCommand):
         asyncio.run(self._compact_all(targets))
 
     async def _compact_all(self, targets: list[tuple[int, str]]) -> None:
+        failed = []
         try:
             for stream_id, path in targets:
                 self.stdout.write(f"Compacting {path} ...")
@@ -51,10 +54,18 @@ class Command(BaseCommand):
                 def progress(action: str, details: str, path: str = path) -> None:
                     self.stdout.write(f"  {path}: {action} {details}")
 
-                result = await compact(stream_id, progress=progress)
+                # One stream's failure is reported, and the others are still compacted.
+                try:
+                    result = await compact(stream_id, progress=progress)
+                except (psycopg.Error, ProtocolError) as exc:
+                    self.stderr.write(f"{path}: failed: {exc}")
+                    failed.append(path)
+                    continue
                 self._report(path, result)
         finally:
             await close_pool()
+        if failed:
+            raise CommandError(f"{len(failed)} of {len(targets)} streams failed")
 
     def _report(self, path: str, result: Compacted | None) -> None:
         if result is None:
