@@ -374,6 +374,9 @@ DS_SUBSCRIPTIONS_WEBHOOK_TIMEOUT_SECS = env.float(
 DS_SUBSCRIPTIONS_SWEEP_INTERVAL_SECS = env.float(
     "DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS", default=1.0
 )
+# Links the sweep looks at each time for work a lost notification left behind (a step of a
+# round over every subscription): what bounds its work whatever the number of links.
+DS_SUBSCRIPTIONS_SWEEP_LINKS = env.int("DS_SUBSCRIPTIONS__SWEEP_LINKS", default=20_000)
 # Webhook requests in flight at once per process.
 DS_SUBSCRIPTIONS_MAX_CONCURRENT_DELIVERIES = env.int(
     "DS_SUBSCRIPTIONS__MAX_CONCURRENT_DELIVERIES", default=256

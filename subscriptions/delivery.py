@@ -7,11 +7,15 @@ moves it along, so any process can stop at any moment and another carries on.
   on the live-delivery channel; every process hears it and asks ``ds_sub_wake`` to issue a
   wake. The subscription's row lock lets exactly one of them issue it; for a webhook, that one
   process sends the request (one request per wake), then records its outcome.
+  Past 200 subscriptions the NOTIFY names the stream (``sub:@<stream id>``), and the process
+  looks up its subscriptions.
 * A sweep every ``DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS`` ends wakes whose lease expired or
   whose sending process stopped, and wakes idle subscriptions with pending work: retries that
-  fell due (their schedule is in the row, so a restart honours it) and anything a lost
-  notification left behind. A process starting, or whose LISTEN connection reconnects, sweeps
-  at once.
+  fell due (their schedule is in the row, so a restart honours it), and anything a lost
+  notification left behind, found a step at a time (``DS_SUBSCRIPTIONS__SWEEP_LINKS`` links
+  a sweep, going round every subscription in turn: its work does not grow with how many
+  links there are). A process starting, or whose LISTEN connection reconnects, looks at every
+  subscription at once.
 * Each webhook request is a new wake (its own generation, wake id and callback token), signed
   with the server's Ed25519 key (``subscriptions.keys``), sent with aiohttp through a resolver
   that refuses forbidden addresses (``subscriptions.ssrf``), without following redirects.
@@ -50,6 +54,8 @@ MAX_HEARD = 10_000
 SENDER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 _heard: dict[int, float] = {}  # sid -> when first heard (monotonic), for ds_subscription_wake
+_heard_streams: set[int] = set()  # streams with more subscriptions than a NOTIFY names
+_cursor: tuple[int, str] = (0, "")  # where the sweep's next step looks (ds_sub_sweep_step)
 _check_all = False
 _poke: asyncio.Event | None = None
 _tasks: set[asyncio.Task[Any]] = set()
@@ -69,8 +75,11 @@ def listen_for_wakes() -> None:
 
 def _on_notify(payload: str) -> None:
     global _check_all
-    if payload == "*" or len(_heard) >= MAX_HEARD:
+    if payload == "*" or len(_heard) + len(_heard_streams) >= MAX_HEARD:
         _check_all = True
+    elif payload.startswith("@"):
+        with contextlib.suppress(ValueError):
+            _heard_streams.add(int(payload[1:]))
     else:
         now = time.monotonic()
         for part in payload.split(","):
@@ -124,11 +133,15 @@ async def _wake_loop() -> None:
         _poke.clear()
         heard = dict(_heard)
         _heard.clear()
+        streams = sorted(_heard_streams)
+        _heard_streams.clear()
         everything, _check_all = _check_all, False
         try:
             sids = list(heard)
             if everything:
                 sids = list(dict.fromkeys([*sids, *await store.candidates()]))
+            elif streams:
+                sids = list(dict.fromkeys([*sids, *await store.following(streams)]))
             if sids:
                 for delivery in await store.wake(sorted(sids), SENDER):
                     _observe_wake(heard.get(delivery.sid))
@@ -155,11 +168,14 @@ async def _sweep_loop(interval: float) -> None:
 
 
 async def sweep() -> None:
-    """End wakes past their lease or sender, then wake what has pending work."""
+    """End wakes past their lease or sender, then wake what has pending work: retries due,
+    and what the next step of the look for lost notifications finds."""
+    global _cursor
     expired = await store.expire()
     if expired:
         metrics.SUB_EXPIRED.inc(len(expired))
-    sids = list(dict.fromkeys([*expired, *await store.candidates()]))
+    found, _cursor = await store.sweep_step(_cursor, settings.DS_SUBSCRIPTIONS_SWEEP_LINKS)
+    sids = list(dict.fromkeys([*expired, *await store.due(), *found]))
     if sids:
         for delivery in await store.wake(sorted(sids), SENDER):
             send(delivery)

@@ -202,6 +202,32 @@ async def candidates() -> list[int]:
     return [sid for (sid,) in rows]
 
 
+async def due() -> list[int]:
+    """Idle subscriptions whose retry fell due, with pending work."""
+    rows = await _call("SELECT ds_sub_due(%s)", (SWEEP_LIMIT,))
+    return [sid for (sid,) in rows]
+
+
+async def sweep_step(after: tuple[int, str], links: int) -> tuple[list[int], tuple[int, str]]:
+    """Idle subscriptions with pending work, looking at ``links`` links at most from the
+    cursor ``after`` on; and the cursor of the next step ((0, "") once all were looked at)."""
+    rows = await _call(
+        "SELECT sids, next_sid, next_path FROM ds_sub_sweep_step(%s, %s, %s)", (*after, links)
+    )
+    sids, next_sid, next_path = rows[0]
+    return list(sids), (next_sid, next_path)
+
+
+async def following(stream_ids: list[int]) -> list[int]:
+    """The subscriptions linked to these streams."""
+    rows = await _call(
+        "SELECT DISTINCT l.sid FROM ds_stream AS t"
+        " JOIN ds_subscription_link AS l ON l.path = t.path WHERE t.id = ANY(%s::bigint[])",
+        (stream_ids,),
+    )
+    return [sid for (sid,) in rows]
+
+
 async def expire() -> list[int]:
     rows = await _call("SELECT ds_sub_expire(%s)", (SWEEP_LIMIT,))
     return [sid for (sid,) in rows]

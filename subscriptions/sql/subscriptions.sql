@@ -116,8 +116,10 @@ BEGIN
     SELECT string_agg(l.sid::text, ','), count(*) INTO v_sids, v_count
       FROM ds_subscription_link AS l WHERE l.path = NEW.path;
     IF v_count > 0 THEN
-        -- NOTIFY payloads are bounded (8000 bytes): past 200 subscriptions, "check them all".
-        PERFORM pg_notify('ds_streams', 'sub:' || CASE WHEN v_count > 200 THEN '*' ELSE v_sids END);
+        -- NOTIFY payloads are bounded (8000 bytes): past 200 subscriptions, the stream's id
+        -- ("@id"), whose subscriptions the listener looks up.
+        PERFORM pg_notify('ds_streams',
+                          'sub:' || CASE WHEN v_count > 200 THEN '@' || NEW.id ELSE v_sids END);
     ELSE
         NEW.followed := false;
     END IF;
@@ -474,6 +476,69 @@ LANGUAGE sql STABLE AS $$
        AND (s.next_attempt_at IS NULL OR s.next_attempt_at <= now())
        AND ds_sub_first_pending(s.id) IS NOT NULL
      ORDER BY s.next_attempt_at NULLS LAST, s.id
+     LIMIT p_limit
+$$;
+
+-- The sweep's look for work a lost notification left behind, a step at a time: idle
+-- subscriptions in id order from the cursor (p_after_sid, and past p_after_path within it),
+-- looking at no more than p_links links in all. ds_sub_candidates looked at every link of every
+-- idle subscription every second in each process: one tenant's 30 subscriptions over 20,000
+-- streams kept two backends busy all the time (found by a probe). Returns the subscriptions
+-- found with pending work and where the next step starts (0 and '' once every subscription
+-- was looked at: the next step starts over). Subscriptions whose retry fell due are found by
+-- ds_sub_due, every sweep.
+CREATE OR REPLACE FUNCTION ds_sub_sweep_step(
+    p_after_sid bigint, p_after_path text, p_links int,
+    OUT sids bigint[], OUT next_sid bigint, OUT next_path text
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_sid bigint;
+    v_budget int := greatest(p_links, 1);
+    v_seen int;
+    v_last text;
+    v_pending boolean;
+    v_from text;
+BEGIN
+    sids := '{}';
+    FOR v_sid IN
+        SELECT s.id FROM ds_subscription AS s
+         WHERE s.id >= p_after_sid AND s.wake_id IS NULL AND NOT s.paused
+           AND (s.next_attempt_at IS NULL OR s.next_attempt_at <= now())
+         ORDER BY s.id
+    LOOP
+        -- Where to start in its links: a bound of the (sid, path) index, not a filter (that
+        -- read every link before the cursor again at each step).
+        v_from := CASE WHEN v_sid = p_after_sid THEN p_after_path ELSE '' END;
+        SELECT count(*), max(l.path), coalesce(bool_or(t.next_seq > l.acked_seq), false)
+          INTO v_seen, v_last, v_pending
+          FROM (SELECT l.path, l.acked_seq FROM ds_subscription_link AS l
+                 WHERE l.sid = v_sid AND l.path > v_from
+                 ORDER BY l.path LIMIT v_budget) AS l
+          LEFT JOIN ds_stream AS t ON t.path = l.path AND t.deleted_at IS NULL;
+        IF v_pending THEN
+            sids := sids || v_sid;
+        END IF;
+        v_budget := v_budget - v_seen;
+        IF v_budget <= 0 THEN
+            -- Spent: go on within this subscription, unless it is known to have work.
+            next_sid := CASE WHEN v_pending THEN v_sid + 1 ELSE v_sid END;
+            next_path := CASE WHEN v_pending THEN '' ELSE v_last END;
+            RETURN;
+        END IF;
+    END LOOP;
+    next_sid := 0;
+    next_path := '';
+END;
+$$;
+
+-- Idle subscriptions whose retry fell due, with pending work.
+CREATE OR REPLACE FUNCTION ds_sub_due(p_limit int) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT s.id FROM ds_subscription AS s
+     WHERE s.wake_id IS NULL AND NOT s.paused AND s.next_attempt_at <= now()
+       AND ds_sub_first_pending(s.id) IS NOT NULL
+     ORDER BY s.next_attempt_at, s.id
      LIMIT p_limit
 $$;
 
