@@ -400,6 +400,11 @@ YJS_AWARENESS_TTL_SECS = env.int("YJS_AWARENESS_TTL_SECS", default=3600)
 # Documents each process keeps a copy of, to check POSTs against the whole document
 # (yjs.replicas); the least recently written beyond this are dropped and rebuilt when written.
 YJS_CHECKED_DOCUMENTS = env.int("YJS_CHECKED_DOCUMENTS", default=64)
+# pycrdt's work on updates (checking a POST, building a copy of a document, compacting) runs in
+# a process of its own (yjs.engine) with this long, plus this per MiB; past it the process
+# is killed: a POST is refused (400), a copy or compaction fails (503, or recorded).
+YJS_CHECK_TIMEOUT_SECS = env.float("YJS_CHECK_TIMEOUT_SECS", default=10.0)
+YJS_CHECK_SECS_PER_MIB = env.float("YJS_CHECK_SECS_PER_MIB", default=1.0)
 # Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
 # need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
 YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})

@@ -19,10 +19,10 @@ from yjs.compaction import (
     compact,
     updates_since_snapshot,
 )
+from yjs.engine import EngineTimeout, EngineUnavailable, Refused, blocking_engine
 from yjs.models import YjsDocument
 from yjs.paths import snapshot_key
 from yjs.preview import describe
-from yjs.updates import UnmergeableUpdates, snapshot_of
 
 
 class CompactionFailedFilter(admin.SimpleListFilter):
@@ -84,8 +84,8 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
         if not updates:
             return "(empty document)"
         try:
-            merged = snapshot_of(updates)
-        except UnmergeableUpdates as exc:
+            merged = blocking_engine().snapshot(updates)
+        except (Refused, EngineTimeout, EngineUnavailable) as exc:
             return format_html("<em>{}</em>", f"the updates cannot be merged: {exc}")
         roots = describe(merged)
         return format_html_join(

@@ -37,9 +37,9 @@ from streams.models import Message
 from streams.protocol.offsets import Offset
 from streams.store import pool as store_pool
 from streams.store.failures import log_failure
+from yjs.engine import EngineTimeout, Refused, blocking_engine
 from yjs.framing import read_frames
 from yjs.models import YjsDocument, YjsSnapshot
-from yjs.updates import UnmergeableUpdates, snapshot_of
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +128,12 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | CompactionFailu
     updates = updates_since_snapshot(document, end_seq=tail.seq)
     update_count = len(updates) - (1 if old is not None else 0)
     try:
-        snapshot = snapshot_of(updates)
-    except UnmergeableUpdates as exc:
+        # In the engine's process: pycrdt holds Python's lock, for seconds on large documents.
+        snapshot = blocking_engine().snapshot(updates)
+    except Refused as exc:
         return _record_failure(document, tail, str(exc))
+    except EngineTimeout as exc:
+        return _record_failure(document, tail, f"merging took longer than {exc} s")
 
     with transaction.atomic():
         new = YjsSnapshot.objects.create(

@@ -10,9 +10,9 @@ compaction triggers, and the Yjs JSON error body.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
+import logging
 
 from django.conf import settings
 
@@ -26,6 +26,7 @@ from streams.errors import (
     NotFound,
     PayloadTooLarge,
     ProtocolError,
+    ServiceUnavailable,
 )
 from streams.http import app as streams_app
 from streams.http import handlers, render
@@ -35,7 +36,8 @@ from streams.http.sending import ResponseSender
 from streams.protocol.headers import AppendHeaders, is_true, media_type, parse_append_headers
 from streams.store import reads
 from streams.store.types import AppendResult
-from yjs import compaction, replicas, store
+from yjs import compaction, engine, replicas, store
+from yjs.engine import EngineTimeout, EngineUnavailable, Refused
 from yjs.framing import FramingError, TooManyFrames, read_frames
 from yjs.paths import (
     SNAPSHOT,
@@ -47,6 +49,8 @@ from yjs.paths import (
     snapshot_key,
 )
 from yjs.updates import INLINE_CHECK_BYTES, INLINE_CHECK_UPDATES, MAX_UPDATES, check_updates
+
+logger = logging.getLogger(__name__)
 
 METHOD_OPERATIONS = {
     "GET": Operation.READ,
@@ -223,13 +227,11 @@ async def _update_body(request: Request, doc: DocRef) -> tuple[bytes, list[bytes
     try:
         if len(body) > INLINE_CHECK_BYTES:
             await _require_document(doc)
-            updates = await asyncio.to_thread(_checked_updates, body)
+        updates = _updates_of(body)
+        if len(body) > INLINE_CHECK_BYTES or len(updates) > INLINE_CHECK_UPDATES:
+            await _checked_by_engine(updates)
         else:
-            updates = _updates_of(body)
-            if len(updates) > INLINE_CHECK_UPDATES:
-                await asyncio.to_thread(check_updates, updates)
-            else:
-                check_updates(updates)
+            check_updates(updates)
     except (BadRequest, PayloadTooLarge):
         await _require_document(doc)
         raise
@@ -257,10 +259,19 @@ def _updates_of(body: bytes) -> list[bytes]:
         raise BadRequest(f"body is not lib0-framed updates: {exc}") from None
 
 
-def _checked_updates(body: bytes) -> list[bytes]:
-    updates = _updates_of(body)
-    check_updates(updates)
-    return updates
+async def _checked_by_engine(updates: list[bytes]) -> None:
+    """``check_updates`` in the engine's process (yjs.engine: pycrdt holds Python's lock, for
+    seconds on large updates): a 400 when they fail it or take past its deadline, a 503 when
+    it is unavailable."""
+    try:
+        await engine.run(engine.replicas_engine(), "check_updates", updates)
+    except Refused as exc:
+        raise BadRequest(str(exc)) from None
+    except EngineTimeout as exc:
+        raise BadRequest(f"the updates could not be checked within {exc} s") from None
+    except EngineUnavailable as exc:
+        logger.warning("Yjs engine: %s", exc)
+        raise ServiceUnavailable("Yjs checks are unavailable; retry") from None
 
 
 # -- awareness --------------------------------------------------------------------------------

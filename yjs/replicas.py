@@ -9,9 +9,12 @@ one writer could spoil a document for every reader. So a document POST is applie
 Doc holding the document as stored, and refused (400) if Yrs cannot integrate it; only then
 is it appended.
 
-* The Doc: built from the document's snapshot and the updates after it, kept by the process
-  (at most ``YJS_CHECKED_DOCUMENTS`` documents, the least recently written dropped), and caught
-  up from the stream before each check (one statement).
+* The Doc: built from the document's snapshot and the updates after it, kept by the process's
+  engine (``yjs.engine``: a child process, since pycrdt holds Python's lock while it works, for
+  seconds on large documents; at most ``YJS_CHECKED_DOCUMENTS`` documents, the least recently
+  written dropped), and caught up from the stream before each check (one statement). A check
+  past the engine's deadline refuses the POST (400); building or catching up a copy past it,
+  or an engine that died, answers 503.
 * Within a process, one task per document checks and appends its POSTs: those queued while it
   works are checked in order and appended together, as one group-commit batch (the store
   judges a batch against one validation version, below).
@@ -35,25 +38,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from pycrdt import Doc
 
 from streams import services
 from streams.errors import BadRequest, NotFound, ProtocolError, ServiceUnavailable, ValidationStale
 from streams.store.pool import carried, connection
 from streams.store.types import AppendRequest, AppendResult
-from yjs.framing import read_frames
-from yjs.updates import (
-    INLINE_CHECK_BYTES,
-    INLINE_CHECK_UPDATES,
-    UnmergeableUpdates,
-    apply_updates,
-)
+from yjs import engine
+from yjs.engine import EngineTimeout, EngineUnavailable, Refused, Unknown
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +92,9 @@ class _Replica:
     stream_id: int
     # The stream's messages the Doc holds (its next_seq when last caught up).
     seq: int
-    # None: the stored updates cannot be integrated, and POSTs are not checked.
-    doc: Doc[Any] | None
+    # The Doc's key in the engine (yjs.engine); None: the stored updates cannot be integrated,
+    # and POSTs are not checked.
+    doc: int | None
     # The Doc also holds the updates of POSTs being appended (checked, not all stored yet).
     ahead: bool = False
     # Another process held the document's turn when it was last caught up.
@@ -280,20 +278,43 @@ async def _checked(
     path: str, replica: _Replica, posts: list[_Post]
 ) -> tuple[_Replica, list[_Post]]:
     """The POSTs whose updates join the document, applied to its Doc in order; the others are
-    answered 400. A refused update may have changed the Doc in part: it is rebuilt and the
-    POSTs checked again without it."""
+    answered 400 (as are those the engine could not check in time). A refused update may have
+    changed the Doc in part: it is rebuilt and the POSTs checked again without it; so is a Doc
+    the engine no longer has."""
+    rebuilds = 0
     while replica.doc is not None:
         for post in posts:
             try:
-                await _off_loop(post.size, len(post.updates), _check, replica.doc, post.updates)
-            except BadRequest as refusal:
-                _answer(post, refusal)
+                await engine.run(engine.replicas_engine(), "apply", replica.doc, post.updates)
+            except (Refused, EngineTimeout) as exc:
+                _answer(post, _refusal(exc))
                 posts = [other for other in posts if other is not post]
-                replica = await _caught_up(path, None)
-                break
+            except Unknown:
+                rebuilds += 1
+                if rebuilds >= ATTEMPTS:  # dropped as soon as built: too many documents at once
+                    raise ServiceUnavailable(
+                        "too many documents are being written; retry"
+                    ) from None
+            except EngineUnavailable as exc:
+                raise _unavailable(exc) from None
+            else:
+                continue
+            replica = await _caught_up(path, None)
+            break
         else:
             break
     return replica, posts
+
+
+def _refusal(exc: Refused | EngineTimeout) -> BadRequest:
+    if isinstance(exc, EngineTimeout):
+        return BadRequest(f"the updates could not be checked against the document within {exc} s")
+    return BadRequest(f"the updates cannot join the document ({exc})")
+
+
+def _unavailable(exc: Exception) -> ServiceUnavailable:
+    logger.warning("Yjs engine: %s", exc)
+    return ServiceUnavailable("Yjs checks are unavailable; retry")
 
 
 async def _take_turn(stack: AsyncExitStack, path: str) -> bool:
@@ -342,12 +363,11 @@ async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
             if replica.doc is None or not rows:
                 replica.seq = seq
                 return replica
-            size = sum(map(len, rows))
-            doc = await _off_loop(size, len(rows), _integrated, replica.doc, None, rows)
-            if doc is not None:
-                replica.doc, replica.seq = doc, seq
+            extended = await _engine_work("extend", replica.doc, rows)
+            if extended:
+                replica.seq = seq
                 return replica
-            if not replica.ahead:
+            if extended is False and not replica.ahead:
                 logger.warning("document %s: its stored updates cannot be integrated", path)
                 replica.doc, replica.seq = None, seq
                 return replica
@@ -367,11 +387,24 @@ async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
         raise Overtaken()
     if snapshot is not None:
         snapshot = bytes(snapshot)
-    size = sum(map(len, rows)) + len(snapshot or b"")
-    doc = await _off_loop(size, len(rows) + 1, _integrated, Doc(), snapshot, rows)
-    if doc is None:
+    key = engine.new_key()
+    if not await _engine_work("build", key, snapshot, rows):
         logger.warning("document %s: its stored updates cannot be integrated", path)
-    return _Replica(stream_id, seq, doc, contended=contended)
+        return _Replica(stream_id, seq, None, contended=contended)
+    return _Replica(stream_id, seq, key, contended=contended)
+
+
+async def _engine_work(method: str, *args: Any) -> bool | None:
+    """A copy built or caught up by the engine: whether the updates could be integrated; None
+    when the engine no longer has it. 503 past the engine's deadline (the stored document,
+    not a POST, is what took so long) or when it is unavailable."""
+    try:
+        done: bool = await engine.run(engine.replicas_engine(), method, *args)
+    except Unknown:
+        return None
+    except (EngineTimeout, EngineUnavailable) as exc:
+        raise _unavailable(exc) from None
+    return done
 
 
 async def _updates(path: str, start: int) -> tuple[int, int, list[bytes], bool]:
@@ -385,31 +418,3 @@ async def _updates(path: str, start: int) -> tuple[int, int, list[bytes], bool]:
         raise NotFound("document does not exist")
     stream_id, seq, _, free = found[0]
     return stream_id, seq, [bytes(row[2]) for row in found if row[2] is not None], not free
-
-
-def _integrated(doc: Doc[Any], snapshot: bytes | None, messages: list[bytes]) -> Doc[Any] | None:
-    """``doc`` with a snapshot and stored messages (lib0-framed updates) applied, or None
-    when they cannot be integrated."""
-    updates = [snapshot] if snapshot is not None else []
-    for message in messages:
-        updates.extend(read_frames(message))
-    try:
-        apply_updates(doc, updates)
-    except UnmergeableUpdates:
-        return None
-    return doc
-
-
-def _check(doc: Doc[Any], updates: list[bytes]) -> None:
-    try:
-        apply_updates(doc, updates)
-    except UnmergeableUpdates as exc:
-        raise BadRequest(f"the updates cannot join the document ({exc})") from None
-
-
-async def _off_loop(size: int, count: int, work: Callable[..., Any], *args: Any) -> Any:
-    """``work(*args)``, in a worker thread past the bounds the endpoint checks bodies inline
-    within (yjs.updates: CPU work on the event loop would stall every other request)."""
-    if size <= INLINE_CHECK_BYTES and count <= INLINE_CHECK_UPDATES:
-        return work(*args)
-    return await asyncio.to_thread(work, *args)

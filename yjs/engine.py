@@ -1,0 +1,272 @@
+"""pycrdt's work on clients' updates, in a process of its own, under a deadline.
+
+Yrs (through pycrdt) holds Python's global lock for the whole of each call, and its calls take
+time that grows with the bytes they are given: integrating a 54 MB update of map entries held
+the lock 4.9 s in one call, and building a copy of a 45 MB document of distinct keys, which
+every process does when it first checks a POST to it (and again after a refused one), about as
+long. Run in a thread of the server, such a call stopped every request of the worker, and past
+5 s uvicorn killed it, cutting every connection (found by measuring; docs/reliability.md). So
+the work is done by a child process (``Engine``): the event loop only waits for its answer.
+
+* An ``Engine`` is one child, used by one caller at a time. It keeps the Docs it builds (the
+  copies of documents ``yjs.replicas`` checks POSTs against), by key, the least recently used
+  dropped past ``YJS_CHECKED_DOCUMENTS``; a Doc it no longer has is ``Unknown`` to the caller,
+  who builds it again.
+* Each request has a deadline: ``YJS_CHECK_TIMEOUT_SECS`` plus ``YJS_CHECK_SECS_PER_MIB`` (a
+  second) per MiB it carries.
+  Past it the child is killed (its Docs with it: the engine's ``generation`` moves on, and the
+  callers' keys of the old one are unknown) and ``EngineTimeout`` raised; a new child starts
+  with the next request. A child that dies raises ``EngineUnavailable``.
+* ``replicas_engine()`` serves the event loop of a server process (``yjs.replicas`` and the
+  POST body check, through a thread of its own); ``blocking_engine()`` serves threads
+  (compaction, the admin's preview), each request waiting for the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import multiprocessing
+import signal
+import threading
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+from typing import Any
+
+from django.conf import settings
+
+# The blocking pipe round trips of the event loop's engine run here, not in the loop's
+# default executor (shared with other work that could delay them past their deadline).
+# Starting a child (a Python process importing pycrdt): not within a request's deadline.
+SETUP_SECS = 30.0
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ds-yjs")
+_keys = itertools.count(1)
+
+
+class EngineTimeout(Exception):
+    """The request overran its deadline (seconds, the message); the child was killed."""
+
+
+class EngineUnavailable(Exception):
+    """The child could not be started, or died."""
+
+
+class Unknown(Exception):
+    """The engine no longer has that Doc (dropped, or the child was replaced): build it."""
+
+
+class Refused(Exception):
+    """pycrdt refused the updates (its error, the message)."""
+
+
+def new_key() -> int:
+    """A key for a Doc to be built: unique in this process."""
+    return next(_keys)
+
+
+class Engine:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.generation = 0
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    # -- requests (blocking; Refused, Unknown, EngineTimeout, EngineUnavailable) ---------------
+
+    def build(self, key: int, snapshot: bytes | None, messages: list[bytes]) -> bool:
+        """A Doc of a snapshot and stored messages (lib0-framed updates), kept as ``key``;
+        False (nothing kept) when they cannot be integrated."""
+        size = len(snapshot or b"") + sum(map(len, messages))
+        return bool(self._call(("build", key, snapshot, messages), size))
+
+    def extend(self, key: int, messages: list[bytes]) -> bool:
+        """Stored messages applied to Doc ``key``; False (the Doc dropped) when they cannot be
+        integrated."""
+        return bool(self._call(("extend", key, messages), sum(map(len, messages))))
+
+    def apply(self, key: int, updates: list[bytes]) -> None:
+        """A POST's updates applied to Doc ``key``; Refused (the Doc dropped: it may be partly
+        changed) when Yrs cannot integrate them."""
+        self._call(("apply", key, updates), sum(map(len, updates)))
+
+    def check_updates(self, updates: list[bytes]) -> None:
+        """``yjs.updates.check_updates``: Refused with its reason."""
+        self._call(("check_updates", updates), sum(map(len, updates)))
+
+    def snapshot(self, updates: list[bytes]) -> bytes:
+        """``yjs.updates.snapshot_of``: Refused when pycrdt cannot merge them."""
+        snapshot: bytes = self._call(("snapshot", updates), sum(map(len, updates)))
+        return snapshot
+
+    # -- the child -------------------------------------------------------------------------
+
+    def _call(self, request: tuple[Any, ...], size: int) -> Any:
+        deadline = settings.YJS_CHECK_TIMEOUT_SECS + settings.YJS_CHECK_SECS_PER_MIB * size / 2**20
+        with self._lock:
+            conn = self._started()
+            try:
+                conn.send(request)
+                if not conn.poll(deadline):
+                    self._kill()
+                    raise EngineTimeout(f"{deadline:.1f}")
+                kind, detail = conn.recv()
+            except (OSError, EOFError) as exc:
+                self._kill()
+                raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from None
+        if kind == "ok":
+            return detail
+        if kind == "unknown":
+            raise Unknown
+        if kind == "refused":
+            raise Refused(detail)
+        raise EngineUnavailable(detail)  # "error": a defect in the child, which goes on
+
+    def _started(self) -> Connection:
+        if self._conn is None:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            self._process = context.Process(
+                target=_serve,
+                args=(child, settings.YJS_CHECKED_DOCUMENTS),
+                name=f"ds-yjs-{self.name}",
+                daemon=True,
+            )
+            try:
+                self._process.start()
+            except OSError as exc:
+                raise EngineUnavailable(f"cannot start: {exc}") from None
+            child.close()
+            self._conn = parent
+            # Started and ready (pycrdt imported) before a request's deadline begins.
+            try:
+                parent.send(("ping",))
+                if not parent.poll(SETUP_SECS):
+                    raise EOFError(f"not ready within {SETUP_SECS} s")
+                parent.recv()
+            except (OSError, EOFError) as exc:
+                self._kill()
+                raise EngineUnavailable(f"cannot start: {exc}") from None
+        return self._conn
+
+    def _kill(self) -> None:
+        """Kill the child and forget its Docs; reaped off the caller's thread."""
+        process, self._process, self._conn = self._process, None, None
+        self.generation += 1
+        if process is not None:
+            with contextlib.suppress(Exception):
+                process.kill()
+            threading.Thread(target=process.join, daemon=True).start()
+
+
+async def run(engine: Engine, method: str, *args: Any) -> Any:
+    """``engine.<method>(*args)`` from the event loop, in a thread of the engines' own."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_EXECUTOR, getattr(engine, method), *args)
+
+
+_replicas: Engine | None = None
+_blocking: Engine | None = None
+_made = threading.Lock()
+
+
+def replicas_engine() -> Engine:
+    global _replicas
+    with _made:
+        if _replicas is None:
+            _replicas = Engine("replicas")
+        return _replicas
+
+
+def blocking_engine() -> Engine:
+    global _blocking
+    with _made:
+        if _blocking is None:
+            _blocking = Engine("compaction")
+        return _blocking
+
+
+def _serve(conn: Connection, most: int) -> None:
+    """The child's loop: answer requests until the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's shutdown ends it (EOF)
+    from pycrdt import Doc
+
+    from streams.errors import BadRequest
+    from yjs.framing import read_frames
+    from yjs.updates import UnmergeableUpdates, apply_updates, check_updates, snapshot_of
+
+    docs: OrderedDict[int, Any] = OrderedDict()
+
+    def integrated(doc: Any, snapshot: bytes | None, messages: list[bytes]) -> bool:
+        updates = [snapshot] if snapshot is not None else []
+        for message in messages:
+            updates.extend(read_frames(message))
+        try:
+            apply_updates(doc, updates)
+        except UnmergeableUpdates:
+            return False
+        return True
+
+    def keep(key: int, doc: Any) -> None:
+        docs[key] = doc
+        docs.move_to_end(key)
+        while len(docs) > most:
+            docs.popitem(last=False)
+
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = request[0]
+        try:
+            if kind == "build":
+                _, key, snapshot, messages = request
+                doc: Any = Doc()
+                built = integrated(doc, snapshot, messages)
+                if built:
+                    keep(key, doc)
+                conn.send(("ok", built))
+            elif kind == "extend":
+                _, key, messages = request
+                doc = docs.pop(key, None)
+                if doc is None:
+                    conn.send(("unknown", None))
+                    continue
+                extended = integrated(doc, None, messages)
+                if extended:
+                    keep(key, doc)
+                conn.send(("ok", extended))
+            elif kind == "apply":
+                _, key, updates = request
+                doc = docs.pop(key, None)
+                if doc is None:
+                    conn.send(("unknown", None))
+                    continue
+                try:
+                    apply_updates(doc, updates)
+                except UnmergeableUpdates as exc:
+                    conn.send(("refused", str(exc)))
+                    continue
+                keep(key, doc)
+                conn.send(("ok", None))
+            elif kind == "check_updates":
+                try:
+                    check_updates(request[1])
+                except BadRequest as exc:
+                    conn.send(("refused", exc.message))
+                    continue
+                conn.send(("ok", None))
+            elif kind == "snapshot":
+                try:
+                    conn.send(("ok", snapshot_of(request[1])))
+                except UnmergeableUpdates as exc:
+                    conn.send(("refused", str(exc)))
+            elif kind == "ping":
+                conn.send(("ok", None))
+            else:
+                conn.send(("error", f"unknown request {kind!r}"))
+        except Exception as exc:  # noqa: BLE001 - answered; the child goes on
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
