@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -76,6 +77,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+# Characters a client may get into a message (a path decoded from its percent-encoding, a
+# header) that would let it write lines of its own into the log: a newline, then a forged line;
+# a carriage return or a terminal escape hiding what came before (found by a probe).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its unprintable characters (and backslashes, so the escapes cannot be
+    forged either) written as Python escapes: one record, one line."""
+    if _UNPRINTABLE.search(text) is None:
+        return text
+    return _UNPRINTABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 class TextFormatter(logging.Formatter):
     """``time LEVEL logger [request id]: message key=value...``"""
 
@@ -101,6 +116,11 @@ class TextFormatter(logging.Formatter):
         if not fields:
             return text
         return f"{text} {' '.join(f'{k}={v}' for k, v in fields.items())}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # Whatever a message quotes stays on its line (a traceback follows on lines of its own).
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

@@ -37,6 +37,7 @@ class ApiHeadersMiddleware:
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             answer = preflight(request.headers.get("Access-Control-Request-Headers"))
             response = HttpResponse(status=answer.status)
+            del response["Content-Type"]
             for name, value in answer.headers.items():
                 response[name] = value
             response["Access-Control-Allow-Methods"] = response["Allow"] = API_METHODS

@@ -77,9 +77,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "durable_project.middleware.ApiHeadersMiddleware",
     "durable_project.middleware.ReleaseDatabaseMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "durable_project.middleware.ApiHeadersMiddleware",
     "durable_project.middleware.DatabaseErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

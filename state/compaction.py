@@ -85,18 +85,21 @@ async def compact(
         async with conn.transaction():  # one snapshot: the entities are the state at the horizon
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             cur = await conn.execute(
-                "SELECT horizon, floor, keep, dropped_delete FROM ds_state_compaction_plan(%s, %s)",
-                (stream_id, tombstone),
+                "SELECT horizon, floor, keep, dropped_delete, r.version"
+                " FROM ds_state_compaction_plan(%s, %s), ds_state_stream AS r"
+                " WHERE r.stream_id = %s",
+                (stream_id, tombstone, stream_id),
             )
             plan = await cur.fetchone()
         if plan is None:
             return None
-        horizon, floor, keep, dropped_delete = plan
+        # The plan is the registration's (version): the deletes stop once it changed.
+        horizon, floor, keep, dropped_delete, version = plan
         if progress is not None:
             progress("planned", f"keep {len(keep)} events of [{floor}, {horizon})")
         cur = await conn.execute(
-            "SELECT ds_state_compaction_begin(%s, %s, %s, %s)",
-            (stream_id, horizon, floor, dropped_delete),
+            "SELECT ds_state_compaction_begin(%s, %s, %s, %s, %s)",
+            (stream_id, horizon, floor, dropped_delete, version),
         )
         began = await cur.fetchone()
         if not began or not began[0]:
@@ -109,11 +112,13 @@ async def compact(
                 continue
             cur = await conn.execute(
                 "SELECT deleted, bytes FROM ds_state_compact_delete(%s, %s::bigint[],"
-                " %s::bigint[])",
-                (stream_id, lows, highs),
+                " %s::bigint[], %s)",
+                (stream_id, lows, highs, version),
             )
             row = await cur.fetchone()
             assert row is not None
+            if row[0] < 0:  # registered again meanwhile: the plan is not its own
+                break
             deleted += row[0]
             deleted_bytes += row[1]
             if progress is not None and row[0]:

@@ -422,11 +422,31 @@ $$;
 -- offset names; a key with no entity keeps its latest valid delete (ds_state_delete_is_valid),
 -- unless old, for readers resuming before it; every other change goes. Messages PostgreSQL
 -- cannot read are kept as they are.
+-- Whether a State Event's headers.timestamp is one parse_event accepts (state/core/events.py:
+-- RFC 3339's form, then a date and time that exist, :60 seconds allowed, an offset under a
+-- day). A delete with a timestamp it refuses (2026-02-30) is skipped; kept in place of the
+-- valid delete before it, a reader resuming between the two kept the entity (found by review).
+CREATE OR REPLACE FUNCTION ds_state_timestamp_is_valid(p_value text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+DECLARE
+    m text[];
+BEGIN
+    m := regexp_match(p_value, '^([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})'
+                               '(\.[0-9]+)?([Zz]|[+-]([0-9]{2}):([0-9]{2}))$');
+    IF m IS NULL OR m[2]::int > 23 OR m[3]::int > 59 OR m[4]::int > 60
+       OR (m[7] IS NOT NULL AND m[7]::int * 60 + m[8]::int >= 1440) THEN
+        RETURN false;
+    END IF;
+    PERFORM m[1]::date;  -- the day exists (and its year is 1 or later)
+    RETURN true;
+EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format THEN
+    RETURN false;
+END;
+$$;
+
 -- Whether a delete is one the materializer applies (state.core.events.parse_event, for a
 -- delete: no value to check against a schema): type and key non-empty strings, no control
--- header, txid and timestamp absent or strings, the timestamp in RFC 3339's form. (Whether its
--- date exists, 2026-02-30, is not checked here: such a delete may be kept in place of a valid
--- one before it.)
+-- header, txid absent or a non-empty string, timestamp absent or one parse_event accepts.
 CREATE OR REPLACE FUNCTION ds_state_delete_is_valid(e jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_typeof(e -> 'type') = 'string' AND e ->> 'type' <> ''
@@ -434,9 +454,8 @@ LANGUAGE sql IMMUTABLE AS $$
        AND NOT e -> 'headers' ? 'control'
        AND coalesce(jsonb_typeof(e -> 'headers' -> 'txid') = 'string'
                     AND e -> 'headers' ->> 'txid' <> '', NOT e -> 'headers' ? 'txid')
-       AND coalesce(e -> 'headers' ->> 'timestamp'
-                    ~ '^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$'
-                    AND jsonb_typeof(e -> 'headers' -> 'timestamp') = 'string',
+       AND coalesce(jsonb_typeof(e -> 'headers' -> 'timestamp') = 'string'
+                    AND ds_state_timestamp_is_valid(e -> 'headers' ->> 'timestamp'),
                     NOT e -> 'headers' ? 'timestamp')
 $$;
 
@@ -523,14 +542,16 @@ $$;
 -- from where readers may resume. False, and nothing changes, when a fork made since the plan
 -- reads rows above its floor: the stream is compacted another time.
 CREATE OR REPLACE FUNCTION ds_state_compaction_begin(
-    p_stream_id bigint, p_horizon bigint, p_floor bigint, p_dropped_delete bigint
+    p_stream_id bigint, p_horizon bigint, p_floor bigint, p_dropped_delete bigint,
+    p_version bigint
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     s ds_stream;
 BEGIN
     SELECT * INTO s FROM ds_stream WHERE id = p_stream_id AND deleted_at IS NULL FOR UPDATE;
-    IF NOT FOUND OR coalesce((ds_fork_reads(s.id)).highest, 0) > p_floor THEN
+    IF NOT FOUND OR coalesce((ds_fork_reads(s.id)).highest, 0) > p_floor
+       OR NOT ds_state_registered(p_stream_id, p_version) THEN
         RETURN false;
     END IF;
     UPDATE ds_stream
@@ -544,17 +565,37 @@ $$;
 -- Delete compacted events: the rows of the stream in each range [p_lo[i], p_hi[i]) (the gaps
 -- between kept events of one batch), in the caller's short transaction, without the stream's
 -- lock. Returns the rows and bytes deleted.
+-- Deletes nothing, and returns -1, once the registration the plan was made under is gone: a
+-- registration made since (other schemas) may take an event the plan deletes for its state
+-- (found by review). The registration's row is share-locked until the deletes commit, so a new
+-- registration waits for them, and judges what is left.
 CREATE OR REPLACE FUNCTION ds_state_compact_delete(
-    p_stream_id bigint, p_lo bigint[], p_hi bigint[], OUT deleted bigint, OUT bytes bigint
+    p_stream_id bigint, p_lo bigint[], p_hi bigint[], p_version bigint,
+    OUT deleted bigint, OUT bytes bigint
 )
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT ds_state_registered(p_stream_id, p_version) THEN
+        deleted := -1;
+        bytes := 0;
+        RETURN;
+    END IF;
     WITH gone AS (
         DELETE FROM ds_message AS m
          USING unnest(p_lo, p_hi) AS r(lo, hi)
          WHERE m.stream_id = p_stream_id AND m.seq >= r.lo AND m.seq < r.hi
         RETURNING octet_length(m.data) AS size
     )
-    SELECT count(*), coalesce(sum(size), 0)::bigint FROM gone
+    SELECT count(*), coalesce(sum(size), 0)::bigint INTO deleted, bytes FROM gone;
+END;
+$$;
+
+-- Whether the stream is registered still under p_version, its registration's row share-locked.
+CREATE OR REPLACE FUNCTION ds_state_registered(p_stream_id bigint, p_version bigint)
+RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT 1 FROM ds_state_stream
+                    WHERE stream_id = p_stream_id AND version = p_version FOR SHARE)
 $$;
 
 -- After the deletes: account for them.

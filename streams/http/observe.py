@@ -30,7 +30,13 @@ from typing import Any
 
 from django.conf import settings
 
-from durable_project.logs import JsonFormatter, RequestIdFilter, TextFormatter, request_id
+from durable_project.logs import (
+    JsonFormatter,
+    RequestIdFilter,
+    TextFormatter,
+    printable,
+    request_id,
+)
 from streams import metrics
 from streams.http.request import Receive, Scope, Send
 
@@ -73,25 +79,11 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
             if b"live=" not in scope.get("query_string", b""):
                 metrics.REQUEST_SECONDS.labels(family, method).observe(seconds)
             if settings.DS_LOG_REQUESTS and request_log.isEnabledFor(logging.INFO):
-                request_lines.note(rid, scope["method"], loggable(scope["path"]), status or 499,
+                request_lines.note(rid, scope["method"], printable(scope["path"]), status or 499,
                                    family, seconds, answered or time.time())  # fmt: skip
             request_id.reset(token)
 
     return application
-
-
-# Characters a path may carry, decoded from its percent-encoding, that would let a client
-# write lines of its own into the log (a newline, then a forged line; a carriage return or a
-# terminal escape hiding what came before: found by a probe).
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
-
-
-def loggable(path: str) -> str:
-    """``path`` with its unprintable characters (and backslashes, so the escapes cannot be
-    forged either) written as Python escapes."""
-    if _UNPRINTABLE.search(path) is None:
-        return path
-    return _UNPRINTABLE.sub(lambda found: found.group().encode("unicode_escape").decode(), path)
 
 
 # What a request line says: request id, method, path, status, route family, duration (s), and

@@ -1,4 +1,4 @@
-"""Forks are refused past a depth (DS_STREAMS__MAX_FORK_DEPTH): a new outcome of ds_create.
+"""Forks are refused past a depth (DS_LIMITS__MAX_FORK_DEPTH): a new outcome of ds_create.
 Enum values cannot be removed again: the reverse leaves it."""
 
 from django.db import migrations

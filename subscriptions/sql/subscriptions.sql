@@ -519,7 +519,7 @@ BEGIN
         IF v_pending THEN
             sids := sids || v_sid;
         END IF;
-        v_budget := v_budget - v_seen;
+        v_budget := v_budget - greatest(v_seen, 1);  -- one without links costs a look too
         IF v_budget <= 0 THEN
             -- Spent: go on within this subscription, unless it is known to have work.
             next_sid := CASE WHEN v_pending THEN v_sid + 1 ELSE v_sid END;
@@ -532,11 +532,14 @@ BEGIN
 END;
 $$;
 
--- Idle subscriptions whose retry fell due, with pending work.
+-- Idle subscriptions whose retry fell due within the last minute, with pending work (one due
+-- longer ago, whose work went away, is not looked at every second for ever: the sweep's
+-- steps find it, found by review).
 CREATE OR REPLACE FUNCTION ds_sub_due(p_limit int) RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
     SELECT s.id FROM ds_subscription AS s
-     WHERE s.wake_id IS NULL AND NOT s.paused AND s.next_attempt_at <= now()
+     WHERE s.wake_id IS NULL AND NOT s.paused
+       AND s.next_attempt_at <= now() AND s.next_attempt_at > now() - interval '1 minute'
        AND ds_sub_first_pending(s.id) IS NOT NULL
      ORDER BY s.next_attempt_at, s.id
      LIMIT p_limit

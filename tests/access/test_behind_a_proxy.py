@@ -97,6 +97,8 @@ def test_the_rest_api_answers_preflights_and_is_not_cached(
         assert preflight.headers["Access-Control-Allow-Origin"] == ORIGIN
         assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
         assert preflight.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        assert preflight.headers["X-Content-Type-Options"] == "nosniff"
+        assert "Content-Type" not in preflight.headers
     listed = httpx.get(server.base_url + "/v1/streams", headers=tenant | {"Origin": ORIGIN})
     assert listed.status_code == 200
     assert listed.headers["Access-Control-Allow-Origin"] == ORIGIN

@@ -443,7 +443,8 @@ def test_a_deleted_key_keeps_its_latest_valid_delete(
 ) -> None:
     """Within the tombstone period a deleted key keeps a delete for readers resuming before
     it: the latest one the materializer applies, not a later one it skips (a txid that is not
-    a string, a control header beside the operation). The one with ``control: reset`` beside
+    a string, a control header beside the operation, a day that does not exist: found by
+    review). The one with ``control: reset`` beside
     its operation was taken for a reset, and everything before it dropped."""
     assert client.put(stream_url(stream_path), headers=JSON).status_code == 201
     valid_delete = change("t", "k", op="delete")
@@ -452,13 +453,91 @@ def test_a_deleted_key_keeps_its_latest_valid_delete(
         valid_delete,
         change("t", "k", op="delete", txid=5),
         change("t", "k", op="delete", control="reset"),
+        change("t", "k", op="delete", timestamp="2026-02-30T00:00:00Z"),
         change("t", "other", {"v": 2}),
     ]
     appended = client.post(stream_url(stream_path), headers=JSON, content=json.dumps(history))
     assert appended.status_code in (200, 204), appended.text
     payload = {"stream": stream_path, "compaction": True, "tombstone_seconds": 86400}
     made = client.post(f"{STATE}/streams", json=payload)
-    assert made.status_code == 201 and made.json()["invalid_events"] == 2, made.text
+    assert made.status_code == 201 and made.json()["invalid_events"] == 3, made.text
     compact(database_url, stream_path)
     assert read_messages(client, stream_path)[0] == [valid_delete, history[-1]]
     assert entity_map(client, stream_path) == {("t", "other"): {"v": 2}}
+
+
+def test_a_plan_made_under_another_registration_deletes_nothing(
+    client: httpx.Client, stream_path: str, pg: Any
+) -> None:
+    """A compaction plans under one registration, and deletes in batches afterwards. Registered
+    again meanwhile with other schemas, the stream's state may come from an event the old plan
+    deletes: here the second registration takes the update the first refused, and the plan
+    kept only the insert. The deletes went ahead: a reader from -1 and a rebuild lost the
+    value the state API showed (found by review). Now a plan's begin and its deletes carry
+    the registration's version and do nothing once it changed."""
+    assert client.put(stream_url(stream_path), headers=JSON).status_code == 201
+    history = [change("u", "k", {"n": 1}), change("u", "k", {"n": "one"}, "update")]
+    assert client.post(stream_url(stream_path), headers=JSON, content=json.dumps(history))
+    strict = {"u": {"type": "object", "properties": {"n": {"type": "number"}}}}
+    payload = {"stream": stream_path, "compaction": True, "tombstone_seconds": 0}
+    made = client.post(f"{STATE}/streams", json=payload | {"schemas": strict})
+    assert made.status_code == 201, made.text
+    stream_id, version = pg.execute(
+        "SELECT r.stream_id, r.version FROM ds_state_stream AS r JOIN ds_stream AS s"
+        " ON s.id = r.stream_id WHERE s.path = %s",
+        [stream_path],
+    ).fetchone()
+    horizon, floor, keep, dropped = pg.execute(
+        "SELECT horizon, floor, keep, dropped_delete FROM ds_state_compaction_plan(%s, 0)",
+        [stream_id],
+    ).fetchone()
+    assert keep == [0] and horizon == 2
+    # Meanwhile: registered again, with schemas that take the update.
+    assert client.delete(f"{STATE}/streams/{stream_path}").status_code == 204
+    again = client.post(f"{STATE}/streams", json=payload | {"schemas": {}})
+    assert again.status_code == 201, again.text
+    assert entity_map(client, stream_path) == {("u", "k"): {"n": "one"}}
+    began = pg.execute(
+        "SELECT ds_state_compaction_begin(%s, %s, %s, %s, %s)",
+        [stream_id, horizon, floor, dropped, version],
+    ).fetchone()
+    assert began == (False,)
+    deleted = pg.execute(
+        "SELECT deleted FROM ds_state_compact_delete(%s, '{1}', '{2}', %s)", [stream_id, version]
+    ).fetchone()
+    assert deleted == (-1,)
+    assert read_messages(client, stream_path)[0] == history
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "2026-01-01T00:00:00+23:59",
+        "2026-01-01T00:00:00+24:00",
+        "2026-01-01T00:00:00+22:99",
+        "2026-01-01T00:00:00.1234567890Z",
+        "2026-02-30T00:00:00Z",
+        "2024-02-29T00:00:00Z",
+        "2026-01-01T24:00:00Z",
+        "2026-01-01T23:60:00Z",
+        "2026-01-01T23:59:60Z",
+        "2026-01-01T23:59:61Z",
+        "0000-01-01T00:00:00Z",
+        "2026-01-01t00:00:00z",
+        "2026-01-01 00:00:00Z",
+        "2026-1-01T00:00:00Z",
+        "\u0662\u0660\u0662\u0666-01-01T00:00:00Z",
+    ],
+)
+def test_the_plan_judges_a_delete_as_the_materializer_does(pg: Any, timestamp: str) -> None:
+    """ds_state_delete_is_valid (SQL) against state.core.events.parse_event (Python)."""
+    from state.core import InvalidEvent, parse_event
+
+    event = change("t", "k", op="delete", timestamp=json.loads(f'"{timestamp}"'))
+    try:
+        parse_event(event)
+        expected = True
+    except InvalidEvent:
+        expected = False
+    judged = pg.execute("SELECT ds_state_delete_is_valid(%s::jsonb)", [json.dumps(event)])
+    assert judged.fetchone() == (expected,)

@@ -375,7 +375,7 @@ $$;
 -- is NULL when the fork may be made; otherwise it says why not.
 -- How many forks deep a chain may go: every read and HEAD of a fork walks its chain, so a client
 -- making one thousands deep made each of them cost tens of milliseconds of the database's time
--- (found by a probe). The server's connections set it (DS_STREAMS__MAX_FORK_DEPTH).
+-- (found by a probe). The server's connections set it (DS_LIMITS__MAX_FORK_DEPTH).
 CREATE OR REPLACE FUNCTION ds_max_fork_depth() RETURNS int
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(nullif(current_setting('ds.max_fork_depth', true), '')::int, 100)
