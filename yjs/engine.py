@@ -194,20 +194,15 @@ def _serve(conn: Connection, most: int) -> None:
     from pycrdt import Doc
 
     from streams.errors import BadRequest
-    from yjs.framing import read_frames
-    from yjs.updates import UnmergeableUpdates, apply_updates, check_updates, snapshot_of
+    from yjs.updates import (
+        UnmergeableUpdates,
+        apply_updates,
+        check_updates,
+        integrated,
+        snapshot_of,
+    )
 
     docs: OrderedDict[int, Any] = OrderedDict()
-
-    def integrated(doc: Any, snapshot: bytes | None, messages: list[bytes]) -> bool:
-        updates = [snapshot] if snapshot is not None else []
-        for message in messages:
-            updates.extend(read_frames(message))
-        try:
-            apply_updates(doc, updates)
-        except UnmergeableUpdates:
-            return False
-        return True
 
     def keep(key: int, doc: Any) -> None:
         docs[key] = doc

@@ -9,12 +9,15 @@ one writer could spoil a document for every reader. So a document POST is applie
 Doc holding the document as stored, and refused (400) if Yrs cannot integrate it; only then
 is it appended.
 
-* The Doc: built from the document's snapshot and the updates after it, kept by the process's
-  engine (``yjs.engine``: a child process, since pycrdt holds Python's lock while it works, for
-  seconds on large documents; at most ``YJS_CHECKED_DOCUMENTS`` documents, the least recently
-  written dropped), and caught up from the stream before each check (one statement). A check
-  past the engine's deadline refuses the POST (400); building or catching up a copy past it,
-  or an engine that died, answers 503.
+* The Doc: built from the document's snapshot and the updates after it (at most
+  ``YJS_CHECKED_DOCUMENTS`` documents, the least recently written dropped), and caught up from
+  the stream before each check (one statement). pycrdt holds Python's lock for each call, for
+  a time that grows with the bytes (seconds on large documents), so a document's Doc is kept
+  by the process itself only while it and the POSTs checked against it are small
+  (``YJS_INLINE_DOCUMENT_BYTES``, ``INLINE_CHECK_BYTES``: milliseconds at most); past that it
+  is built again in the process's engine (``yjs.engine``: a child process, under a deadline).
+  A check past the engine's deadline refuses the POST (400); building or catching up a copy
+  past it, or an engine that died, answers 503.
 * Within a process, one task per document checks and appends its POSTs: those queued while it
   works are checked in order and appended together, as one group-commit batch (the store
   judges a batch against one validation version, below).
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from pycrdt import Doc
 
 from streams import services
 from streams.errors import BadRequest, NotFound, ProtocolError, ServiceUnavailable, ValidationStale
@@ -51,6 +55,7 @@ from streams.store.pool import carried, connection
 from streams.store.types import AppendRequest, AppendResult
 from yjs import engine
 from yjs.engine import EngineTimeout, EngineUnavailable, Refused, Unknown
+from yjs.updates import INLINE_CHECK_BYTES, UnmergeableUpdates, apply_updates, integrated
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +97,19 @@ class _Replica:
     stream_id: int
     # The stream's messages the Doc holds (its next_seq when last caught up).
     seq: int
-    # The Doc's key in the engine (yjs.engine); None: the stored updates cannot be integrated,
-    # and POSTs are not checked.
-    doc: int | None
+    # The Doc, here, or its key in the engine (yjs.engine); None: the stored updates cannot be
+    # integrated, and POSTs are not checked.
+    doc: Doc[Any] | int | None
     # The Doc also holds the updates of POSTs being appended (checked, not all stored yet).
     ahead: bool = False
     # Another process held the document's turn when it was last caught up.
     contended: bool = False
+    # Bytes of updates the Doc holds (its snapshot's, the stored ones', the POSTs').
+    size: int = 0
+
+    def here(self) -> bool:
+        """Is the Doc this process's own (not the engine's)?"""
+        return isinstance(self.doc, Doc)
 
 
 @dataclass
@@ -280,12 +291,16 @@ async def _checked(
     """The POSTs whose updates join the document, applied to its Doc in order; the others are
     answered 400 (as are those the engine could not check in time). A refused update may have
     changed the Doc in part: it is rebuilt and the POSTs checked again without it; so is a Doc
-    the engine no longer has."""
+    the engine no longer has, and one of this process's that the POSTs would make too large
+    (built in the engine)."""
     rebuilds = 0
     while replica.doc is not None:
+        if replica.here() and not _small(replica, posts):
+            replica = await _caught_up(path, None, in_engine=True)
+            continue
         for post in posts:
             try:
-                await engine.run(engine.replicas_engine(), "apply", replica.doc, post.updates)
+                await _apply(replica, post)
             except (Refused, EngineTimeout) as exc:
                 _answer(post, _refusal(exc))
                 posts = [other for other in posts if other is not post]
@@ -304,6 +319,27 @@ async def _checked(
         else:
             break
     return replica, posts
+
+
+def _small(replica: _Replica, posts: list[_Post]) -> bool:
+    """May these POSTs be checked against this process's own Doc?"""
+    size = sum(post.size for post in posts)
+    return (
+        all(post.size <= INLINE_CHECK_BYTES for post in posts)
+        and replica.size + size <= settings.YJS_INLINE_DOCUMENT_BYTES
+    )
+
+
+async def _apply(replica: _Replica, post: _Post) -> None:
+    """A POST's updates applied to the Doc; Refused when Yrs cannot integrate them."""
+    if isinstance(replica.doc, int):
+        await engine.run(engine.replicas_engine(), "apply", replica.doc, post.updates)
+    elif replica.doc is not None:
+        try:
+            apply_updates(replica.doc, post.updates)
+        except UnmergeableUpdates as exc:
+            raise Refused(str(exc)) from None
+    replica.size += post.size
 
 
 def _refusal(exc: Refused | EngineTimeout) -> BadRequest:
@@ -350,11 +386,12 @@ def _turns() -> asyncio.Semaphore | None:
     return _semaphores[loop]
 
 
-async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
+async def _caught_up(path: str, replica: _Replica | None, *, in_engine: bool = False) -> _Replica:
     """``replica`` with the updates stored since it was last caught up; or a new one, built
     from the snapshot and the updates after it, when there is none, when the document was
-    deleted and created again, or when the stored updates do not join a Doc ahead of the
-    stream (they and a POST's cannot both be: the POSTs are checked again on the new one).
+    deleted and created again, when the stored updates do not join a Doc ahead of the stream
+    (they and a POST's cannot both be: the POSTs are checked again on the new one), or when a
+    Doc of this process's grows too large for it (built in the engine, as when ``in_engine``).
     NotFound without the document."""
     if replica is not None:
         stream_id, seq, rows, contended = await _updates(path, replica.seq)
@@ -363,7 +400,7 @@ async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
             if replica.doc is None or not rows:
                 replica.seq = seq
                 return replica
-            extended = await _engine_work("extend", replica.doc, rows)
+            extended = await _extended(replica, rows)
             if extended:
                 replica.seq = seq
                 return replica
@@ -387,11 +424,33 @@ async def _caught_up(path: str, replica: _Replica | None) -> _Replica:
         raise Overtaken()
     if snapshot is not None:
         snapshot = bytes(snapshot)
-    key = engine.new_key()
-    if not await _engine_work("build", key, snapshot, rows):
+    size = len(snapshot or b"") + sum(map(len, rows))
+    doc: Doc[Any] | int | None
+    if not in_engine and size <= settings.YJS_INLINE_DOCUMENT_BYTES:
+        doc = Doc()
+        built = integrated(doc, snapshot, rows)
+    else:
+        doc = engine.new_key()
+        built = bool(await _engine_work("build", doc, snapshot, rows))
+    if not built:
         logger.warning("document %s: its stored updates cannot be integrated", path)
         return _Replica(stream_id, seq, None, contended=contended)
-    return _Replica(stream_id, seq, key, contended=contended)
+    return _Replica(stream_id, seq, doc, contended=contended, size=size)
+
+
+async def _extended(replica: _Replica, rows: list[bytes]) -> bool | None:
+    """Stored messages applied to the Doc: whether they could be integrated; None when it is
+    to be built again (the engine no longer has it, or it grows too large for this process)."""
+    size = sum(map(len, rows))
+    if isinstance(replica.doc, int):
+        extended = await _engine_work("extend", replica.doc, rows)
+    elif replica.doc is not None and replica.size + size <= settings.YJS_INLINE_DOCUMENT_BYTES:
+        extended = integrated(replica.doc, None, rows)
+    else:
+        return None
+    if extended:
+        replica.size += size
+    return extended
 
 
 async def _engine_work(method: str, *args: Any) -> bool | None:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from pycrdt import Doc, Snapshot, get_update, merge_updates
 
 from streams.errors import BadRequest
-from yjs.framing import read_var_uint
+from yjs.framing import read_frames, read_var_uint
 
 T = TypeVar("T")
 
@@ -123,6 +123,19 @@ def _snapshot_of(updates: list[bytes]) -> bytes:
         if rest[:1] != b"\x00" or not _covers(deleted, _delete_set(rest, 1)):
             pending.append(chunk)
     return merge_updates(encoded, *pending) if pending else encoded
+
+
+def integrated(doc: Doc[Any], snapshot: bytes | None, messages: list[bytes]) -> bool:
+    """Whether a snapshot and stored messages (lib0-framed updates) could be applied to
+    ``doc`` (which may be partly changed when not)."""
+    updates = [snapshot] if snapshot is not None else []
+    for message in messages:
+        updates.extend(read_frames(message))
+    try:
+        apply_updates(doc, updates)
+    except UnmergeableUpdates:
+        return False
+    return True
 
 
 def apply_updates(doc: Doc[Any], updates: list[bytes]) -> None:

@@ -61,14 +61,29 @@ def _post(client: httpx.Client, url: str, update: bytes) -> httpx.Response:
     return client.post(url, content=frame(update), headers=OCTET)
 
 
+@pytest.fixture(scope="module")
+def engine_server(start_server: Any) -> Any:
+    """A server that checks every document in its engine's process (yjs.engine), as it does
+    documents past YJS_INLINE_DOCUMENT_BYTES."""
+    return start_server(env={"YJS_INLINE_DOCUMENT_BYTES": "0"})
+
+
 @pytest.mark.parametrize("order", ["parent first", "child first"])
 def test_an_update_that_cannot_join_the_document_is_refused_and_changes_nothing(
     compacting_servers: tuple[Any, Any], order: str
 ) -> None:
-    server, _ = compacting_servers
+    _refused_and_nothing_changed(compacting_servers[0].base_url, order)
+
+
+@pytest.mark.parametrize("order", ["parent first", "child first"])
+def test_the_engine_refuses_such_an_update_too(engine_server: Any, order: str) -> None:
+    _refused_and_nothing_changed(engine_server.base_url, order)
+
+
+def _refused_and_nothing_changed(base_url: str, order: str) -> None:
     accepted, refused = (FIRST, LAST) if order == "parent first" else (LAST, FIRST)
     with httpx.Client(timeout=30) as client:
-        url = _new_doc(client, server.base_url)
+        url = _new_doc(client, base_url)
         for update in (accepted, MIDDLE_1, MIDDLE_2):
             assert _post(client, url, update).status_code == 204
         tail = tail_of(client, url)
