@@ -167,25 +167,23 @@ async def run(engine: Engine, method: str, *args: Any) -> Any:
     return await loop.run_in_executor(_EXECUTOR, getattr(engine, method), *args)
 
 
-_replicas: Engine | None = None
-_blocking: Engine | None = None
+_engines: dict[str, Engine] = {}
 _made = threading.Lock()
 
 
-def replicas_engine() -> Engine:
-    global _replicas
+def _engine(name: str) -> Engine:
     with _made:
-        if _replicas is None:
-            _replicas = Engine("replicas")
-        return _replicas
+        if name not in _engines:
+            _engines[name] = Engine(name)
+        return _engines[name]
+
+
+def replicas_engine() -> Engine:
+    return _engine("replicas")
 
 
 def blocking_engine() -> Engine:
-    global _blocking
-    with _made:
-        if _blocking is None:
-            _blocking = Engine("compaction")
-        return _blocking
+    return _engine("compaction")
 
 
 def _serve(conn: Connection, most: int) -> None:
@@ -224,29 +222,25 @@ def _serve(conn: Connection, most: int) -> None:
                 if built:
                     keep(key, doc)
                 conn.send(("ok", built))
-            elif kind == "extend":
-                _, key, messages = request
+            elif kind in ("extend", "apply"):
+                # Taken out while it changes: kept again only if the updates went in whole.
+                _, key, payload = request
                 doc = docs.pop(key, None)
                 if doc is None:
                     conn.send(("unknown", None))
-                    continue
-                extended = integrated(doc, None, messages)
-                if extended:
+                elif kind == "extend":
+                    extended = integrated(doc, None, payload)
+                    if extended:
+                        keep(key, doc)
+                    conn.send(("ok", extended))
+                else:
+                    try:
+                        apply_updates(doc, payload)
+                    except UnmergeableUpdates as exc:
+                        conn.send(("refused", str(exc)))
+                        continue
                     keep(key, doc)
-                conn.send(("ok", extended))
-            elif kind == "apply":
-                _, key, updates = request
-                doc = docs.pop(key, None)
-                if doc is None:
-                    conn.send(("unknown", None))
-                    continue
-                try:
-                    apply_updates(doc, updates)
-                except UnmergeableUpdates as exc:
-                    conn.send(("refused", str(exc)))
-                    continue
-                keep(key, doc)
-                conn.send(("ok", None))
+                    conn.send(("ok", None))
             elif kind == "check_updates":
                 try:
                     check_updates(request[1])
