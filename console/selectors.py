@@ -30,11 +30,10 @@ from streams.models import Message, Producer, Stream
 from streams.protocol.headers import is_json, is_text_for_sse, media_type
 from streams.protocol.offsets import Offset
 from yjs.compaction import updates_since_snapshot
+from yjs.engine import EngineTimeout, EngineUnavailable, Refused, blocking_engine
 from yjs.models import YjsDocument
 from yjs.paths import INTERNAL_PREFIX as YJS_PREFIX
 from yjs.paths import DocRef
-from yjs.preview import describe
-from yjs.updates import UnmergeableUpdates, snapshot_of
 
 PAGE_SIZE = 100
 # Bytes of a stored message sent to the page; the page shows the full size.
@@ -350,10 +349,12 @@ def document_content(doc: YjsDocument) -> DocContent:
         return cached[1]
     updates = updates_since_snapshot(doc)
     count = len(updates) - (1 if doc.snapshot_id is not None else 0)
-    try:
-        content = DocContent(describe(snapshot_of(updates)) if updates else {}, None, count)
-    except UnmergeableUpdates as exc:
+    try:  # in the engine's process: pycrdt holds Python's lock for seconds on large ones
+        content = DocContent(blocking_engine().describe(updates) if updates else {}, None, count)
+    except Refused as exc:
         content = DocContent({}, f"the updates cannot be merged: {exc}", count)
+    except (EngineTimeout, EngineUnavailable) as exc:
+        content = DocContent({}, f"the content could not be read in time ({exc})", count)
     with _contents_lock:
         if len(_contents) >= MAX_CONTENTS:
             _contents.clear()

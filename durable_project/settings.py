@@ -407,9 +407,11 @@ YJS_CHECK_TIMEOUT_SECS = env.float("YJS_CHECK_TIMEOUT_SECS", default=10.0)
 YJS_CHECK_SECS_PER_MIB = env.float("YJS_CHECK_SECS_PER_MIB", default=1.0)
 # A document holding more bytes of updates than this (or about to, with the POSTs being checked)
 # is checked in that process: pycrdt's calls on it could hold Python's lock for more than a few
-# milliseconds (about 0.1 s a MiB of small map entries). Smaller ones are checked in the server
-# process itself, without the round trip (0.2 ms, half a small POST's time).
-YJS_INLINE_DOCUMENT_BYTES = env.int("YJS_INLINE_DOCUMENT_BYTES", default=256 * 1024)
+# milliseconds (about 0.1 s a MiB of small map entries, and faster than linearly for some shapes:
+# 0.1 s for 32 KiB of concurrent inserts at one place). Smaller ones are checked in the server
+# process itself, without the round trip (0.2 ms, half a small POST's time), and move to the
+# engine once one call on them is slow (yjs.replicas.INLINE_SLOW_SECS).
+YJS_INLINE_DOCUMENT_BYTES = env.int("YJS_INLINE_DOCUMENT_BYTES", default=32 * 1024)
 # Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
 # need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
 YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})

@@ -22,7 +22,6 @@ from yjs.compaction import (
 from yjs.engine import EngineTimeout, EngineUnavailable, Refused, blocking_engine
 from yjs.models import YjsDocument
 from yjs.paths import snapshot_key
-from yjs.preview import describe
 
 
 class CompactionFailedFilter(admin.SimpleListFilter):
@@ -83,11 +82,12 @@ class YjsDocumentAdmin(ReadOnlyAdmin):
         updates = updates_since_snapshot(obj)
         if not updates:
             return "(empty document)"
-        try:
-            merged = blocking_engine().snapshot(updates)
-        except (Refused, EngineTimeout, EngineUnavailable) as exc:
+        try:  # in the engine's process: pycrdt holds Python's lock for seconds on large ones
+            roots = blocking_engine().describe(updates)
+        except Refused as exc:
             return format_html("<em>{}</em>", f"the updates cannot be merged: {exc}")
-        roots = describe(merged)
+        except (EngineTimeout, EngineUnavailable) as exc:
+            return format_html("<em>{}</em>", f"the content could not be read in time ({exc})")
         return format_html_join(
             "",
             '<h4 class="ds-preview-heading">{}</h4><pre class="ds-preview">{}</pre>',

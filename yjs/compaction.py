@@ -37,7 +37,7 @@ from streams.models import Message
 from streams.protocol.offsets import Offset
 from streams.store import pool as store_pool
 from streams.store.failures import log_failure
-from yjs.engine import EngineTimeout, Refused, blocking_engine
+from yjs.engine import EngineTimeout, EngineUnavailable, Refused, blocking_engine
 from yjs.framing import read_frames
 from yjs.models import YjsDocument, YjsSnapshot
 
@@ -132,8 +132,6 @@ def _compact_locked(stream_id: int, force: bool) -> Compaction | CompactionFailu
         snapshot = blocking_engine().snapshot(updates)
     except Refused as exc:
         return _record_failure(document, tail, str(exc))
-    except EngineTimeout as exc:
-        return _record_failure(document, tail, f"merging took longer than {exc} s")
 
     with transaction.atomic():
         new = YjsSnapshot.objects.create(
@@ -236,6 +234,10 @@ async def _compact_soon(stream_id: int) -> None:
             # Another process may be compacting it right now: look again in a moment, not in
             # a tight loop.
             await asyncio.sleep(0.25)
+    except (EngineTimeout, EngineUnavailable) as exc:  # not the updates' fault: no record
+        metrics.YJS_COMPACTIONS.labels("error").inc()
+        logger.warning("compaction of document %s put off: merging %s", stream_id, exc)
+        _covered[stream_id] = _tails.get(stream_id, 0)  # wait for new updates before retrying
     except Exception as exc:  # noqa: BLE001 - logged; retried at the next threshold (8.4)
         metrics.YJS_COMPACTIONS.labels("error").inc()
         log_failure(logger, f"compaction of document {stream_id}", exc)

@@ -10,16 +10,17 @@ the work is done by a child process (``Engine``): the event loop only waits for 
 
 * An ``Engine`` is one child, used by one caller at a time. It keeps the Docs it builds (the
   copies of documents ``yjs.replicas`` checks POSTs against), by key, the least recently used
-  dropped past ``YJS_CHECKED_DOCUMENTS``; a Doc it no longer has is ``Unknown`` to the caller,
-  who builds it again.
+  dropped past ``YJS_CHECKED_DOCUMENTS`` or ``KEPT_BYTES`` of updates in all; a Doc it no
+  longer has is ``Unknown`` to the caller, who builds it again.
 * Each request has a deadline: ``YJS_CHECK_TIMEOUT_SECS`` plus ``YJS_CHECK_SECS_PER_MIB`` (a
   second) per MiB it carries.
-  Past it the child is killed (its Docs with it: the engine's ``generation`` moves on, and the
-  callers' keys of the old one are unknown) and ``EngineTimeout`` raised; a new child starts
-  with the next request. A child that dies raises ``EngineUnavailable``.
-* ``replicas_engine()`` serves the event loop of a server process (``yjs.replicas`` and the
-  POST body check, through a thread of its own); ``blocking_engine()`` serves threads
-  (compaction, the admin's preview), each request waiting for the previous one.
+  Past it the child is killed (its Docs with it: their keys are unknown to the next one) and
+  ``EngineTimeout`` raised; a new child starts with the next request. A child that dies, or one
+  busy with others' requests for longer than a deadline, raises ``EngineUnavailable``.
+* ``replicas_engine()`` keeps the copies ``yjs.replicas`` checks POSTs against, and
+  ``checks_engine()`` checks POST bodies, for the event loop (through threads of their own; a
+  body past its deadline kills only the second); ``blocking_engine()`` serves threads
+  (compaction, the admin's and console's previews), each request waiting for the previous one.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ from django.conf import settings
 # default executor (shared with other work that could delay them past their deadline).
 # Starting a child (a Python process importing pycrdt): not within a request's deadline.
 SETUP_SECS = 30.0
+# Bytes of updates the Docs a child keeps may hold in all (a Doc takes about 20 times its
+# updates' size in memory): copies replaced by new ones are not dropped one by one, and a
+# review's rebuilds of one 5.9 MiB document took a child from 268 to 802 MB.
+KEPT_BYTES = 128 * 1024**2
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ds-yjs")
 _keys = itertools.count(1)
 
@@ -69,7 +74,6 @@ def new_key() -> int:
 class Engine:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.generation = 0
         self._process: Any = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()
@@ -101,11 +105,19 @@ class Engine:
         snapshot: bytes = self._call(("snapshot", updates), sum(map(len, updates)))
         return snapshot
 
+    def describe(self, updates: list[bytes]) -> dict[str, str]:
+        """``yjs.preview.describe`` of their snapshot: Refused when pycrdt cannot merge them."""
+        content: dict[str, str] = self._call(("describe", updates), sum(map(len, updates)))
+        return content
+
     # -- the child -------------------------------------------------------------------------
 
     def _call(self, request: tuple[Any, ...], size: int) -> Any:
         deadline = settings.YJS_CHECK_TIMEOUT_SECS + settings.YJS_CHECK_SECS_PER_MIB * size / 2**20
-        with self._lock:
+        # Waiting for others' requests is bounded too: a queue behind slow requests is a 503.
+        if not self._lock.acquire(timeout=settings.YJS_CHECK_TIMEOUT_SECS):
+            raise EngineUnavailable(f"busy for {settings.YJS_CHECK_TIMEOUT_SECS} s")
+        try:
             conn = self._started()
             try:
                 conn.send(request)
@@ -116,6 +128,8 @@ class Engine:
             except (OSError, EOFError) as exc:
                 self._kill()
                 raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self._lock.release()
         if kind == "ok":
             return detail
         if kind == "unknown":
@@ -154,7 +168,6 @@ class Engine:
     def _kill(self) -> None:
         """Kill the child and forget its Docs; reaped off the caller's thread."""
         process, self._process, self._conn = self._process, None, None
-        self.generation += 1
         if process is not None:
             with contextlib.suppress(Exception):
                 process.kill()
@@ -182,6 +195,10 @@ def replicas_engine() -> Engine:
     return _engine("replicas")
 
 
+def checks_engine() -> Engine:
+    return _engine("checks")
+
+
 def blocking_engine() -> Engine:
     return _engine("compaction")
 
@@ -192,6 +209,7 @@ def _serve(conn: Connection, most: int) -> None:
     from pycrdt import Doc
 
     from streams.errors import BadRequest
+    from yjs.preview import describe
     from yjs.updates import (
         UnmergeableUpdates,
         apply_updates,
@@ -200,13 +218,21 @@ def _serve(conn: Connection, most: int) -> None:
         snapshot_of,
     )
 
-    docs: OrderedDict[int, Any] = OrderedDict()
+    docs: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # key -> (Doc, bytes of updates)
+    kept = 0
 
-    def keep(key: int, doc: Any) -> None:
-        docs[key] = doc
-        docs.move_to_end(key)
-        while len(docs) > most:
-            docs.popitem(last=False)
+    def keep(key: int, doc: Any, size: int) -> None:
+        nonlocal kept
+        docs[key] = (doc, size)
+        kept += size
+        while len(docs) > most or (kept > KEPT_BYTES and len(docs) > 1):
+            kept -= docs.popitem(last=False)[1][1]
+
+    def take(key: int) -> tuple[Any, int]:
+        nonlocal kept
+        doc, size = docs.pop(key, (None, 0))
+        kept -= size
+        return doc, size
 
     while True:
         try:
@@ -220,18 +246,19 @@ def _serve(conn: Connection, most: int) -> None:
                 doc: Any = Doc()
                 built = integrated(doc, snapshot, messages)
                 if built:
-                    keep(key, doc)
+                    keep(key, doc, len(snapshot or b"") + sum(map(len, messages)))
                 conn.send(("ok", built))
             elif kind in ("extend", "apply"):
                 # Taken out while it changes: kept again only if the updates went in whole.
                 _, key, payload = request
-                doc = docs.pop(key, None)
+                doc, size = take(key)
+                size += sum(map(len, payload))
                 if doc is None:
                     conn.send(("unknown", None))
                 elif kind == "extend":
                     extended = integrated(doc, None, payload)
                     if extended:
-                        keep(key, doc)
+                        keep(key, doc, size)
                     conn.send(("ok", extended))
                 else:
                     try:
@@ -239,7 +266,7 @@ def _serve(conn: Connection, most: int) -> None:
                     except UnmergeableUpdates as exc:
                         conn.send(("refused", str(exc)))
                         continue
-                    keep(key, doc)
+                    keep(key, doc, size)
                     conn.send(("ok", None))
             elif kind == "check_updates":
                 try:
@@ -248,11 +275,13 @@ def _serve(conn: Connection, most: int) -> None:
                     conn.send(("refused", exc.message))
                     continue
                 conn.send(("ok", None))
-            elif kind == "snapshot":
+            elif kind in ("snapshot", "describe"):
                 try:
-                    conn.send(("ok", snapshot_of(request[1])))
+                    merged = snapshot_of(request[1])
                 except UnmergeableUpdates as exc:
                     conn.send(("refused", str(exc)))
+                    continue
+                conn.send(("ok", merged if kind == "snapshot" else describe(merged)))
             elif kind == "ping":
                 conn.send(("ok", None))
             else:

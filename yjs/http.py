@@ -10,6 +10,7 @@ compaction triggers, and the Yjs JSON error body.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -227,7 +228,9 @@ async def _update_body(request: Request, doc: DocRef) -> tuple[bytes, list[bytes
     try:
         if len(body) > INLINE_CHECK_BYTES:
             await _require_document(doc)
-        updates = _updates_of(body)
+            updates = await asyncio.to_thread(_updates_of, body)  # up to 64 MiB of frames
+        else:
+            updates = _updates_of(body)
         if len(body) > INLINE_CHECK_BYTES or len(updates) > INLINE_CHECK_UPDATES:
             await _checked_by_engine(updates)
         else:
@@ -264,7 +267,7 @@ async def _checked_by_engine(updates: list[bytes]) -> None:
     seconds on large updates): a 400 when they fail it or take past its deadline, a 503 when
     it is unavailable."""
     try:
-        await engine.run(engine.replicas_engine(), "check_updates", updates)
+        await engine.run(engine.checks_engine(), "check_updates", updates)
     except Refused as exc:
         raise BadRequest(str(exc)) from None
     except EngineTimeout as exc:

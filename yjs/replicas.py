@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ from yjs.updates import INLINE_CHECK_BYTES, UnmergeableUpdates, apply_updates, i
 
 logger = logging.getLogger(__name__)
 
+# A call of pycrdt on a Doc of this process's taking longer than this moves it to the engine.
+INLINE_SLOW_SECS = 0.05
 # Rounds of appends overtaken by other processes' before the POSTs left are answered 503
 # (ValidationStale); from the second round on, the document's turn is held.
 ATTEMPTS = 5
@@ -106,6 +109,10 @@ class _Replica:
     contended: bool = False
     # Bytes of updates the Doc holds (its snapshot's, the stored ones', the POSTs').
     size: int = 0
+    # A call of pycrdt on this process's Doc took longer than INLINE_SLOW_SECS: Yrs' time grows
+    # faster than the bytes for some shapes (20,000 concurrent inserts at one place: 400 KB,
+    # 36 s to build; found by review), so such a Doc moves to the engine whatever its size.
+    slow: bool = False
 
     def here(self) -> bool:
         """Is the Doc this process's own (not the engine's)?"""
@@ -325,9 +332,21 @@ def _small(replica: _Replica, posts: list[_Post]) -> bool:
     """May these POSTs be checked against this process's own Doc?"""
     size = sum(post.size for post in posts)
     return (
-        all(post.size <= INLINE_CHECK_BYTES for post in posts)
+        not replica.slow
+        and all(post.size <= INLINE_CHECK_BYTES for post in posts)
         and replica.size + size <= settings.YJS_INLINE_DOCUMENT_BYTES
     )
+
+
+@contextmanager
+def _timed(replica: _Replica) -> Iterator[None]:
+    """Marks ``replica`` slow when what runs within takes longer than INLINE_SLOW_SECS."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if time.perf_counter() - started > INLINE_SLOW_SECS:
+            replica.slow = True
 
 
 async def _apply(replica: _Replica, post: _Post) -> None:
@@ -336,7 +355,8 @@ async def _apply(replica: _Replica, post: _Post) -> None:
         await engine.run(engine.replicas_engine(), "apply", replica.doc, post.updates)
     elif replica.doc is not None:
         try:
-            apply_updates(replica.doc, post.updates)
+            with _timed(replica):
+                apply_updates(replica.doc, post.updates)
         except UnmergeableUpdates as exc:
             raise Refused(str(exc)) from None
     replica.size += post.size
@@ -400,7 +420,7 @@ async def _caught_up(path: str, replica: _Replica | None, *, in_engine: bool = F
             if replica.doc is None or not rows:
                 replica.seq = seq
                 return replica
-            extended = await _extended(replica, rows)
+            extended = await _extended(path, replica, rows)
             if extended:
                 replica.seq = seq
                 return replica
@@ -426,26 +446,30 @@ async def _caught_up(path: str, replica: _Replica | None, *, in_engine: bool = F
         snapshot = bytes(snapshot)
     size = len(snapshot or b"") + sum(map(len, rows))
     doc: Doc[Any] | int | None
+    replica = _Replica(stream_id, seq, None, contended=contended, size=size)
     if not in_engine and size <= settings.YJS_INLINE_DOCUMENT_BYTES:
         doc = Doc()
-        built = integrated(doc, snapshot, rows)
+        with _timed(replica):
+            built = integrated(doc, snapshot, rows)
     else:
         doc = engine.new_key()
-        built = bool(await _engine_work("build", doc, snapshot, rows))
+        built = bool(await _engine_work(path, "build", doc, snapshot, rows))
     if not built:
         logger.warning("document %s: its stored updates cannot be integrated", path)
-        return _Replica(stream_id, seq, None, contended=contended)
-    return _Replica(stream_id, seq, doc, contended=contended, size=size)
+        return replica
+    replica.doc = doc
+    return replica
 
 
-async def _extended(replica: _Replica, rows: list[bytes]) -> bool | None:
+async def _extended(path: str, replica: _Replica, rows: list[bytes]) -> bool | None:
     """Stored messages applied to the Doc: whether they could be integrated; None when it is
     to be built again (the engine no longer has it, or it grows too large for this process)."""
     size = sum(map(len, rows))
     if isinstance(replica.doc, int):
-        extended = await _engine_work("extend", replica.doc, rows)
+        extended = await _engine_work(path, "extend", replica.doc, rows)
     elif replica.doc is not None and replica.size + size <= settings.YJS_INLINE_DOCUMENT_BYTES:
-        extended = integrated(replica.doc, None, rows)
+        with _timed(replica):
+            extended = integrated(replica.doc, None, rows)
     else:
         return None
     if extended:
@@ -453,15 +477,20 @@ async def _extended(replica: _Replica, rows: list[bytes]) -> bool | None:
     return extended
 
 
-async def _engine_work(method: str, *args: Any) -> bool | None:
+async def _engine_work(path: str, method: str, *args: Any) -> bool | None:
     """A copy built or caught up by the engine: whether the updates could be integrated; None
-    when the engine no longer has it. 503 past the engine's deadline (the stored document,
-    not a POST, is what took so long) or when it is unavailable."""
+    when the engine no longer has it; 503 when it is unavailable. Past the engine's deadline
+    the stored document itself is what takes so long: False, and its POSTs are written
+    unchecked, as those of a document whose updates cannot be integrated (building it again
+    for every POST answered each 503 and killed the engine each time, found by review)."""
     try:
         done: bool = await engine.run(engine.replicas_engine(), method, *args)
     except Unknown:
         return None
-    except (EngineTimeout, EngineUnavailable) as exc:
+    except EngineTimeout as exc:
+        logger.warning("document %s: no copy could be built within %s s", path, exc)
+        return False
+    except EngineUnavailable as exc:
         raise _unavailable(exc) from None
     return done
 

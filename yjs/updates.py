@@ -68,10 +68,11 @@ INLINE_CHECK_BYTES = 64 * 1024
 INLINE_CHECK_UPDATES = 4
 
 
-# At most this many updates in one POST: checking costs tens of microseconds per update, so
-# this bounds a body's check to a few seconds of a worker thread. Clients send far fewer (the
-# provider's producer sends a few per batch, and its initial state as one).
-MAX_UPDATES = 100_000
+# At most this many updates in one POST: checking costs up to 0.3 ms an update (a review's
+# 100,000 tiny updates: 31 s, past any deadline), so this bounds a body's check to about 3 s
+# of the engine's process. Clients send far fewer (the provider's producer sends a few per
+# batch, and its initial state as one).
+MAX_UPDATES = 10_000
 
 
 # Yrs merges a few dozen updates quickly, but merging thousands at once grows superlinearly in
