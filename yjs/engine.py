@@ -9,9 +9,11 @@ long. Run in a thread of the server, such a call stopped every request of the wo
 the work is done by a child process (``Engine``): the event loop only waits for its answer.
 
 * An ``Engine`` is one child, used by one caller at a time. It keeps the Docs it builds (the
-  copies of documents ``yjs.replicas`` checks POSTs against), by key, the least recently used
-  dropped past ``YJS_CHECKED_DOCUMENTS`` or ``KEPT_BYTES`` of updates in all; a Doc it no
-  longer has is ``Unknown`` to the caller, who builds it again.
+  copies of documents ``yjs.replicas`` checks POSTs against), one per document, under the key
+  of the build that made it (a new build replaces it: a review saw copies replaced by new ones
+  pile up, +110 MB each), the least recently used dropped past ``YJS_CHECKED_DOCUMENTS`` or
+  ``KEPT_BYTES`` of updates in all; a Doc it no longer has is ``Unknown`` to the caller, who
+  builds it again.
 * Each request has a deadline: ``YJS_CHECK_TIMEOUT_SECS`` plus ``YJS_CHECK_SECS_PER_MIB`` (a
   second) per MiB it carries.
   Past it the child is killed (its Docs with it: their keys are unknown to the next one) and
@@ -43,9 +45,8 @@ from django.conf import settings
 # Starting a child (a Python process importing pycrdt): not within a request's deadline.
 SETUP_SECS = 30.0
 # Bytes of updates the Docs a child keeps may hold in all (a Doc takes about 20 times its
-# updates' size in memory): copies replaced by new ones are not dropped one by one, and a
-# review's rebuilds of one 5.9 MiB document took a child from 268 to 802 MB.
-KEPT_BYTES = 128 * 1024**2
+# updates' size in memory).
+KEPT_BYTES = 32 * 1024**2
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ds-yjs")
 _keys = itertools.count(1)
 
@@ -80,21 +81,22 @@ class Engine:
 
     # -- requests (blocking; Refused, Unknown, EngineTimeout, EngineUnavailable) ---------------
 
-    def build(self, key: int, snapshot: bytes | None, messages: list[bytes]) -> bool:
-        """A Doc of a snapshot and stored messages (lib0-framed updates), kept as ``key``;
-        False (nothing kept) when they cannot be integrated."""
+    def build(self, path: str, key: int, snapshot: bytes | None, messages: list[bytes]) -> bool:
+        """The Doc of document ``path``, built of a snapshot and stored messages (lib0-framed
+        updates) and kept as ``key`` in place of any earlier one; False (nothing kept) when
+        they cannot be integrated."""
         size = len(snapshot or b"") + sum(map(len, messages))
-        return bool(self._call(("build", key, snapshot, messages), size))
+        return bool(self._call(("build", path, key, snapshot, messages), size))
 
-    def extend(self, key: int, messages: list[bytes]) -> bool:
-        """Stored messages applied to Doc ``key``; False (the Doc dropped) when they cannot be
-        integrated."""
-        return bool(self._call(("extend", key, messages), sum(map(len, messages))))
+    def extend(self, path: str, key: int, messages: list[bytes]) -> bool:
+        """Stored messages applied to the Doc ``key`` of ``path``; False (the Doc dropped) when
+        they cannot be integrated."""
+        return bool(self._call(("extend", path, key, messages), sum(map(len, messages))))
 
-    def apply(self, key: int, updates: list[bytes]) -> None:
-        """A POST's updates applied to Doc ``key``; Refused (the Doc dropped: it may be partly
-        changed) when Yrs cannot integrate them."""
-        self._call(("apply", key, updates), sum(map(len, updates)))
+    def apply(self, path: str, key: int, updates: list[bytes]) -> None:
+        """A POST's updates applied to the Doc ``key`` of ``path``; Refused (the Doc dropped: it
+        may be partly changed) when Yrs cannot integrate them."""
+        self._call(("apply", path, key, updates), sum(map(len, updates)))
 
     def check_updates(self, updates: list[bytes]) -> None:
         """``yjs.updates.check_updates``: Refused with its reason."""
@@ -218,21 +220,23 @@ def _serve(conn: Connection, most: int) -> None:
         snapshot_of,
     )
 
-    docs: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # key -> (Doc, bytes of updates)
+    # document -> (key of the build that made it, Doc, bytes of updates)
+    docs: OrderedDict[str, tuple[int, Any, int]] = OrderedDict()
     kept = 0
 
-    def keep(key: int, doc: Any, size: int) -> None:
+    def keep(path: str, key: int, doc: Any, size: int) -> None:
         nonlocal kept
-        docs[key] = (doc, size)
+        take(path)
+        docs[path] = (key, doc, size)
         kept += size
         while len(docs) > most or (kept > KEPT_BYTES and len(docs) > 1):
-            kept -= docs.popitem(last=False)[1][1]
+            kept -= docs.popitem(last=False)[1][2]
 
-    def take(key: int) -> tuple[Any, int]:
+    def take(path: str) -> tuple[int, Any, int]:
         nonlocal kept
-        doc, size = docs.pop(key, (None, 0))
-        kept -= size
-        return doc, size
+        found = docs.pop(path, (0, None, 0))
+        kept -= found[2]
+        return found
 
     while True:
         try:
@@ -242,23 +246,26 @@ def _serve(conn: Connection, most: int) -> None:
         kind = request[0]
         try:
             if kind == "build":
-                _, key, snapshot, messages = request
+                _, path, key, snapshot, messages = request
+                take(path)  # the earlier copy goes whatever becomes of this one
                 doc: Any = Doc()
                 built = integrated(doc, snapshot, messages)
                 if built:
-                    keep(key, doc, len(snapshot or b"") + sum(map(len, messages)))
+                    keep(path, key, doc, len(snapshot or b"") + sum(map(len, messages)))
                 conn.send(("ok", built))
             elif kind in ("extend", "apply"):
                 # Taken out while it changes: kept again only if the updates went in whole.
-                _, key, payload = request
-                doc, size = take(key)
+                _, path, key, payload = request
+                held, doc, size = take(path)
                 size += sum(map(len, payload))
-                if doc is None:
+                if doc is None or held != key:
+                    if doc is not None:  # another build's: not this caller's to change
+                        keep(path, held, doc, size - sum(map(len, payload)))
                     conn.send(("unknown", None))
                 elif kind == "extend":
                     extended = integrated(doc, None, payload)
                     if extended:
-                        keep(key, doc, size)
+                        keep(path, key, doc, size)
                     conn.send(("ok", extended))
                 else:
                     try:
@@ -266,7 +273,7 @@ def _serve(conn: Connection, most: int) -> None:
                     except UnmergeableUpdates as exc:
                         conn.send(("refused", str(exc)))
                         continue
-                    keep(key, doc, size)
+                    keep(path, key, doc, size)
                     conn.send(("ok", None))
             elif kind == "check_updates":
                 try:

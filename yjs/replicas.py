@@ -307,7 +307,7 @@ async def _checked(
             continue
         for post in posts:
             try:
-                await _apply(replica, post)
+                await _apply(path, replica, post)
             except (Refused, EngineTimeout) as exc:
                 _answer(post, _refusal(exc))
                 posts = [other for other in posts if other is not post]
@@ -349,10 +349,10 @@ def _timed(replica: _Replica) -> Iterator[None]:
             replica.slow = True
 
 
-async def _apply(replica: _Replica, post: _Post) -> None:
+async def _apply(path: str, replica: _Replica, post: _Post) -> None:
     """A POST's updates applied to the Doc; Refused when Yrs cannot integrate them."""
     if isinstance(replica.doc, int):
-        await engine.run(engine.replicas_engine(), "apply", replica.doc, post.updates)
+        await engine.run(engine.replicas_engine(), "apply", path, replica.doc, post.updates)
     elif replica.doc is not None:
         try:
             with _timed(replica):
@@ -453,7 +453,7 @@ async def _caught_up(path: str, replica: _Replica | None, *, in_engine: bool = F
             built = integrated(doc, snapshot, rows)
     else:
         doc = engine.new_key()
-        built = bool(await _engine_work(path, "build", doc, snapshot, rows))
+        built = bool(await _engine_work(path, "build", path, doc, snapshot, rows))
     if not built:
         logger.warning("document %s: its stored updates cannot be integrated", path)
         return replica
@@ -466,7 +466,7 @@ async def _extended(path: str, replica: _Replica, rows: list[bytes]) -> bool | N
     to be built again (the engine no longer has it, or it grows too large for this process)."""
     size = sum(map(len, rows))
     if isinstance(replica.doc, int):
-        extended = await _engine_work(path, "extend", replica.doc, rows)
+        extended = await _engine_work(path, "extend", path, replica.doc, rows)
     elif replica.doc is not None and replica.size + size <= settings.YJS_INLINE_DOCUMENT_BYTES:
         with _timed(replica):
             extended = integrated(replica.doc, None, rows)

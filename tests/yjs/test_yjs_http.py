@@ -39,7 +39,7 @@ from tests.yjs.support import (
 )
 
 # The most updates one POST may hold (yjs.updates.MAX_UPDATES).
-MAX_UPDATES = 10_000
+MAX_UPDATES = 1_000
 LONG_POLL_SECS = 2.0
 SERVICE = unique("svc")
 ALLOWED = {"GET", "HEAD", "POST", "PUT", "DELETE"}
