@@ -79,19 +79,24 @@ class Receiver:
                         receiver.most_in_flight[sub], receiver.in_flight[sub]
                     )
                     receiver.condition.notify_all()
+                # No longer in flight once the answer is decided, before it is sent: the
+                # server may record it, and send the next wake, before this thread runs again
+                # (counted after the write, a loaded machine showed two in flight).
+                answered = False
                 try:
                     status, body = receiver.answer(received)
                     data = b"" if body is None else json.dumps(body).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    answered = receiver.answered(sub)
                     self.end_headers()
                     self.wfile.write(data)
                 except OSError:
                     pass  # the server went away (killed mid-delivery)
                 finally:
-                    with receiver.condition:
-                        receiver.in_flight[sub] -= 1
+                    if not answered:
+                        receiver.answered(sub)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -123,6 +128,12 @@ class Receiver:
     def of(self, subscription_id: str) -> list[Received]:
         with self.condition:
             return [r for r in self.received if r.body.get("subscription_id") == subscription_id]
+
+    def answered(self, sub: str) -> bool:
+        """One request of ``sub`` answered: no longer in flight."""
+        with self.condition:
+            self.in_flight[sub] -= 1
+        return True
 
     def close(self) -> None:
         self.server.shutdown()
