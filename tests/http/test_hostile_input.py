@@ -273,3 +273,13 @@ def test_fork_chains_stop_at_their_depth(start_server: Any, stream_path: str) ->
             server.stream_url(f"{stream_path}/beside"), headers={"Stream-Forked-From": chain[2]}
         )
         assert beside.status_code == 201, beside.text
+
+
+def test_an_expiry_past_the_last_year_in_utc_is_refused(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """9999-12-31T23:59:59-23:59 is in year 10000 in UTC: it answered 500 (found by the
+    fuzzer); it is a 400 and nothing is created."""
+    expires = {"Stream-Expires-At": "9999-12-31T23:59:59-23:59", "Content-Type": "text/plain"}
+    assert client.put(f"/v1/stream/{stream_path}", headers=expires).status_code == 400
+    assert client.head(f"/v1/stream/{stream_path}").status_code == 404
