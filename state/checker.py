@@ -7,7 +7,8 @@ thrashes (``a[ab]{50}c``: 860 ns a byte, where most patterns take 1-2) or ``mult
 append stopped every request of its worker for seconds, until uvicorn killed the worker as
 unresponsive (found by probes). So appends to streams whose schemas are not plain
 (``state.validation``) are judged by a small pool of child processes (``CHECKERS`` per server
-process and event loop): the event loop only waits for the answer.
+process and event loop, each a ``durable_project.children.Child``): the event loop only waits
+for the answer.
 
 A child is started, and a registration's schemas compiled in it, before the check's deadline
 starts (within ``SETUP_SECS``: a 503 past it, as when a child dies or cannot start: nothing is
@@ -29,10 +30,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import multiprocessing
 import os
-import signal
-import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -40,15 +38,20 @@ from typing import Any
 
 from django.conf import settings
 
+from durable_project.children import (
+    SETUP_SECS,
+    Answer,
+    Child,
+    ChildTimeout,
+    ChildUnavailable,
+    serve,
+)
 from streams import metrics
 from streams.errors import BadRequest, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
 CHECKERS = 2
-# Starting a child (a Python process importing the schema code) and compiling a registration
-# in it: not the append's doing, so not within its deadline, but bounded.
-SETUP_SECS = 30.0
 _CACHED_REGISTRATIONS = 64
 _SECS_PER_MIB = 1.0
 # The blocking pipe round trips run here, not in the loop's default executor (shared with
@@ -83,113 +86,100 @@ async def check(
 ) -> str | None:
     """Why the append of ``messages`` to the state stream at ``path`` (registration
     ``version``, its ``schemas``) is refused, naming the event; None when it is not."""
-    size = sum(len(message) for message in messages)
-    deadline = settings.DS_STATE_CHECK_TIMEOUT_SECS + _SECS_PER_MIB * size / 2**20
+    deadline = _deadline(messages)
     pool = _pool()
-    child = await pool.take()
+    checker = await pool.take()
     key = (path, version)
     try:
         for _ in range(2):  # once more if the child dropped the registration meanwhile
             try:
-                await _run(child.prepare, key, schemas, timeout=SETUP_SECS)
-            except (TimeoutError, OSError, EOFError) as exc:
-                child = pool.replace(child)
-                logger.warning("schema checker could not be prepared: %r", exc)
+                await _run(checker.prepare, key, schemas)
+            except (ChildTimeout, ChildUnavailable) as exc:
+                checker = pool.replace(checker)
+                logger.warning("schema checker could not be prepared: %s", exc)
                 raise CheckUnavailable from None
             try:
-                kind, detail = await _run(child.judge, key, messages, timeout=deadline)
-            except TimeoutError:
-                child = pool.replace(child)
+                kind, detail = await _run(checker.judge, key, messages, deadline)
+            except ChildTimeout:
+                checker = pool.replace(checker)
                 metrics.STATE_CHECK_TIMEOUTS.inc()
                 logger.warning("schema check of an append to %s overran %.1f s", path, deadline)
                 raise CheckTimeout(f"{deadline:.1f}") from None
-            except (OSError, EOFError) as exc:
-                child = pool.replace(child)
-                logger.warning("schema checker died: %r", exc)
+            except ChildUnavailable as exc:
+                checker = pool.replace(checker)
+                logger.warning("schema checker died: %s", exc)
                 raise CheckUnavailable from None
             if kind != "unknown":
                 break
-            child.known.discard(key)
+            checker.known.discard(key)
         if kind == "unknown":  # dropped twice in a row: never answer unchecked
             raise CheckUnavailable
         if kind == "error":
             return f"the append could not be checked against its schemas ({detail})"
         return detail
     except BaseException:
-        if not isinstance(child, _Child) or child.busy:
-            child = pool.replace(child)
+        if checker.busy:  # cancelled while its thread waits: that child is not to be reused
+            checker = pool.replace(checker)
         raise
     finally:
-        pool.give_back(child)
+        pool.give_back(checker)
 
 
-async def _run(function: Any, *args: Any, timeout: float) -> Any:
+def _deadline(messages: list[bytes]) -> float:
+    """The check's deadline: the setting, and a second per MiB of the messages."""
+    size = sum(len(message) for message in messages)
+    return float(settings.DS_STATE_CHECK_TIMEOUT_SECS + _SECS_PER_MIB * size / 2**20)
+
+
+async def _run(function: Any, *args: Any) -> Any:
     loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.run_in_executor(_EXECUTOR, function, *args), timeout)
+    return await loop.run_in_executor(_EXECUTOR, function, *args)
 
 
-class _Child:
-    """One checking process and its end of the pipe. Used by one request at a time; killed,
-    it is replaced by a new object, never used again."""
+class _Checker:
+    """One checking process (its ``Child``) and the registrations compiled in it. Used by one
+    request at a time; killed, it is replaced by a new object, never used again."""
 
     def __init__(self) -> None:
-        self.process: Any = None
-        self.conn: Connection | None = None
+        self.child = Child("ds-schema-check", _serve)
         self.known: set[tuple[str, int]] = set()
-        self.busy = False  # a round trip in flight (whose thread may outlive its deadline)
+        self.busy = False  # a round trip in flight (whose thread may outlive a cancellation)
 
     def prepare(self, key: tuple[str, int], schemas: dict[str, Any]) -> None:
         """Blocking: the process started, and the registration compiled in it."""
-        self.busy = True
-        if self.conn is None:
-            context = multiprocessing.get_context("spawn")
-            parent, child = context.Pipe()
-            self.process = context.Process(
-                target=_serve, args=(child,), name="ds-schema-check", daemon=True
-            )
-            self.process.start()
-            child.close()
-            self.conn = parent
         if key not in self.known:
-            self.conn.send(("compile", key, schemas))
-            self.conn.recv()
+            self._request(("compile", key, schemas), SETUP_SECS)
             self.known.add(key)
-        self.busy = False
 
-    def judge(self, key: tuple[str, int], messages: list[bytes]) -> tuple[str, Any]:
+    def judge(self, key: tuple[str, int], messages: Any, deadline: float) -> Answer:
         """Blocking: the child's verdict on ``messages``."""
+        return self._request(("judge", key, messages), deadline)
+
+    def _request(self, message: tuple[Any, ...], deadline: float) -> Answer:
         self.busy = True
-        assert self.conn is not None
-        self.conn.send(("judge", key, messages))
-        answer: tuple[str, Any] = self.conn.recv()
+        answer = self.child.request(message, deadline)
         self.busy = False
         return answer
 
     def kill(self) -> None:
-        """Kill the process (its pipe then reads EOF in the thread still waiting, if any),
-        and reap it off the event loop."""
-        process = self.process
-        if process is not None:
-            with contextlib.suppress(Exception):
-                process.kill()
-            threading.Thread(target=process.join, daemon=True).start()
+        self.child.kill()
 
 
 class _Pool:
     def __init__(self) -> None:
-        self._idle: asyncio.Queue[_Child] = asyncio.Queue()
+        self._idle: asyncio.Queue[_Checker] = asyncio.Queue()
         for _ in range(CHECKERS):
-            self._idle.put_nowait(_Child())
+            self._idle.put_nowait(_Checker())
 
-    async def take(self) -> _Child:
+    async def take(self) -> _Checker:
         return await self._idle.get()
 
-    def give_back(self, child: _Child) -> None:
-        self._idle.put_nowait(child)
+    def give_back(self, checker: _Checker) -> None:
+        self._idle.put_nowait(checker)
 
-    def replace(self, child: _Child) -> _Child:
-        child.kill()
-        return _Child()
+    def replace(self, checker: _Checker) -> _Checker:
+        checker.kill()
+        return _Checker()
 
 
 _pools: dict[tuple[int, int], tuple[asyncio.AbstractEventLoop, _Pool]] = {}
@@ -207,39 +197,30 @@ def _pool() -> _Pool:
 
 
 def _serve(conn: Connection) -> None:
-    """The child's loop: compile registrations and judge appends until the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's shutdown ends it (EOF)
+    """The child: compile registrations and judge appends until the parent goes away."""
     from state.core.schemas import SchemaError, compile_schemas, judge
 
     compiled: OrderedDict[tuple[str, int], Any] = OrderedDict()
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return
+
+    def handle(request: tuple[Any, ...]) -> Answer:
         kind, key = request[0], request[1]
-        try:
-            if kind == "compile":
-                try:
-                    compiled[key] = compile_schemas(request[2], bounded=False)
-                except (SchemaError, RecursionError):  # checked at registration
-                    compiled[key] = {}
-                while len(compiled) > _CACHED_REGISTRATIONS:
-                    compiled.popitem(last=False)
-                conn.send(("compiled", None))
-                continue
-            validators = compiled.get(key)
-            if validators is None:
-                conn.send(("unknown", None))
-                continue
-            compiled.move_to_end(key)
-            if kind == "judge_each":
-                reasons = [judge(message, validators)[1] for message in request[2]]
-                conn.send(("answer", reasons))
-            else:
-                conn.send(("answer", _judge(request[2], validators)))
-        except Exception as exc:  # noqa: BLE001 - answered as a refusal; the child goes on
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        if kind == "compile":
+            try:
+                compiled[key] = compile_schemas(request[2], bounded=False)
+            except (SchemaError, RecursionError):  # checked at registration
+                compiled[key] = {}
+            while len(compiled) > _CACHED_REGISTRATIONS:
+                compiled.popitem(last=False)
+            return ("compiled", None)
+        validators = compiled.get(key)
+        if validators is None:
+            return ("unknown", None)
+        compiled.move_to_end(key)
+        if kind == "judge_each":
+            return ("answer", [judge(message, validators)[1] for message in request[2]])
+        return ("answer", _judge(request[2], validators))
+
+    serve(conn, handle)
 
 
 def _judge(messages: list[bytes], validators: Any) -> str | None:
@@ -265,24 +246,27 @@ class HistoryChecker:
     past it the process is killed and CheckTimeout raised. Close it when done."""
 
     def __init__(self, schemas: dict[str, Any]) -> None:
-        self._child = _Child()
+        self._checker = _Checker()
         self._key = ("history", 0)
-        self._child.prepare(self._key, schemas)
+        try:
+            self._checker.prepare(self._key, schemas)
+        except (ChildTimeout, ChildUnavailable) as exc:
+            raise CheckUnavailable(str(exc)) from None
 
     def reasons(self, messages: list[bytes]) -> list[str | None]:
-        conn = self._child.conn
-        assert conn is not None
-        size = sum(len(message) for message in messages)
-        deadline = settings.DS_STATE_CHECK_TIMEOUT_SECS + _SECS_PER_MIB * size / 2**20
-        conn.send(("judge_each", self._key, messages))
-        if not conn.poll(deadline):
-            self.close()
+        deadline = _deadline(messages)
+        try:
+            kind, detail = self._checker.child.request(
+                ("judge_each", self._key, messages), deadline
+            )
+        except ChildTimeout:
             metrics.STATE_CHECK_TIMEOUTS.inc()
-            raise CheckTimeout(f"{deadline:.1f}")
-        kind, detail = conn.recv()
+            raise CheckTimeout(f"{deadline:.1f}") from None
+        except ChildUnavailable as exc:
+            raise CheckUnavailable(str(exc)) from None
         if kind != "answer":
             raise CheckUnavailable(detail)
-        return detail
+        return list(detail)
 
     def close(self) -> None:
-        self._child.kill()
+        self._checker.kill()

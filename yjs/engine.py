@@ -6,7 +6,8 @@ the lock 4.9 s in one call, and building a copy of a 45 MB document of distinct 
 every process does when it first checks a POST to it (and again after a refused one), about as
 long. Run in a thread of the server, such a call stopped every request of the worker, and past
 5 s uvicorn killed it, cutting every connection (found by measuring; docs/reliability.md). So
-the work is done by a child process (``Engine``): the event loop only waits for its answer.
+the work is done by a child process (``Engine``, a ``durable_project.children.Child``): the
+event loop only waits for its answer.
 
 * An ``Engine`` is one child, used by one caller at a time. It keeps the Docs it builds (the
   copies of documents ``yjs.replicas`` checks POSTs against), one per document, under the key
@@ -29,10 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
-import multiprocessing
-import signal
 import threading
 from collections import OrderedDict
 from multiprocessing.connection import Connection
@@ -40,13 +38,13 @@ from typing import Any
 
 from django.conf import settings
 
-# The blocking pipe round trips of the event loop's engine run here, not in the loop's
-# default executor (shared with other work that could delay them past their deadline).
-# Starting a child (a Python process importing pycrdt): not within a request's deadline.
-SETUP_SECS = 30.0
+from durable_project.children import Answer, Child, ChildTimeout, ChildUnavailable, serve
+
 # Bytes of updates the Docs a child keeps may hold in all (a Doc takes about 20 times its
 # updates' size in memory).
 KEPT_BYTES = 32 * 1024**2
+# The blocking pipe round trips of the event loop's engine run here, not in the loop's
+# default executor (shared with other work that could delay them past their deadline).
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="ds-yjs")
 _keys = itertools.count(1)
 
@@ -74,9 +72,7 @@ def new_key() -> int:
 
 class Engine:
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._process: Any = None
-        self._conn: Connection | None = None
+        self._child = Child(f"ds-yjs-{name}", _serve, settings.YJS_CHECKED_DOCUMENTS)
         self._lock = threading.Lock()
 
     # -- requests (blocking; Refused, Unknown, EngineTimeout, EngineUnavailable) ---------------
@@ -120,16 +116,11 @@ class Engine:
         if not self._lock.acquire(timeout=settings.YJS_CHECK_TIMEOUT_SECS):
             raise EngineUnavailable(f"busy for {settings.YJS_CHECK_TIMEOUT_SECS} s")
         try:
-            conn = self._started()
-            try:
-                conn.send(request)
-                if not conn.poll(deadline):
-                    self._kill()
-                    raise EngineTimeout(f"{deadline:.1f}")
-                kind, detail = conn.recv()
-            except (OSError, EOFError) as exc:
-                self._kill()
-                raise EngineUnavailable(f"{type(exc).__name__}: {exc}") from None
+            kind, detail = self._child.request(request, deadline)
+        except ChildTimeout as exc:
+            raise EngineTimeout(str(exc)) from None
+        except ChildUnavailable as exc:
+            raise EngineUnavailable(str(exc)) from None
         finally:
             self._lock.release()
         if kind == "ok":
@@ -139,41 +130,6 @@ class Engine:
         if kind == "refused":
             raise Refused(detail)
         raise EngineUnavailable(detail)  # "error": a defect in the child, which goes on
-
-    def _started(self) -> Connection:
-        if self._conn is None:
-            context = multiprocessing.get_context("spawn")
-            parent, child = context.Pipe()
-            self._process = context.Process(
-                target=_serve,
-                args=(child, settings.YJS_CHECKED_DOCUMENTS),
-                name=f"ds-yjs-{self.name}",
-                daemon=True,
-            )
-            try:
-                self._process.start()
-            except OSError as exc:
-                raise EngineUnavailable(f"cannot start: {exc}") from None
-            child.close()
-            self._conn = parent
-            # Started and ready (pycrdt imported) before a request's deadline begins.
-            try:
-                parent.send(("ping",))
-                if not parent.poll(SETUP_SECS):
-                    raise EOFError(f"not ready within {SETUP_SECS} s")
-                parent.recv()
-            except (OSError, EOFError) as exc:
-                self._kill()
-                raise EngineUnavailable(f"cannot start: {exc}") from None
-        return self._conn
-
-    def _kill(self) -> None:
-        """Kill the child and forget its Docs; reaped off the caller's thread."""
-        process, self._process, self._conn = self._process, None, None
-        if process is not None:
-            with contextlib.suppress(Exception):
-                process.kill()
-            threading.Thread(target=process.join, daemon=True).start()
 
 
 async def run(engine: Engine, method: str, *args: Any) -> Any:
@@ -206,8 +162,7 @@ def blocking_engine() -> Engine:
 
 
 def _serve(conn: Connection, most: int) -> None:
-    """The child's loop: answer requests until the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's shutdown ends it (EOF)
+    """The child: answer requests until the parent goes away."""
     from pycrdt import Doc
 
     from streams.errors import BadRequest
@@ -238,60 +193,48 @@ def _serve(conn: Connection, most: int) -> None:
         kept -= found[2]
         return found
 
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return
+    def handle(request: tuple[Any, ...]) -> Answer:
         kind = request[0]
-        try:
-            if kind == "build":
-                _, path, key, snapshot, messages = request
-                take(path)  # the earlier copy goes whatever becomes of this one
-                doc: Any = Doc()
-                built = integrated(doc, snapshot, messages)
-                if built:
-                    keep(path, key, doc, len(snapshot or b"") + sum(map(len, messages)))
-                conn.send(("ok", built))
-            elif kind in ("extend", "apply"):
-                # Taken out while it changes: kept again only if the updates went in whole.
-                _, path, key, payload = request
-                held, doc, size = take(path)
-                size += sum(map(len, payload))
-                if doc is None or held != key:
-                    if doc is not None:  # another build's: not this caller's to change
-                        keep(path, held, doc, size - sum(map(len, payload)))
-                    conn.send(("unknown", None))
-                elif kind == "extend":
-                    extended = integrated(doc, None, payload)
-                    if extended:
-                        keep(path, key, doc, size)
-                    conn.send(("ok", extended))
-                else:
-                    try:
-                        apply_updates(doc, payload)
-                    except UnmergeableUpdates as exc:
-                        conn.send(("refused", str(exc)))
-                        continue
+        if kind == "build":
+            _, path, key, snapshot, messages = request
+            take(path)  # the earlier copy goes whatever becomes of this one
+            doc: Any = Doc()
+            built = integrated(doc, snapshot, messages)
+            if built:
+                keep(path, key, doc, len(snapshot or b"") + sum(map(len, messages)))
+            return ("ok", built)
+        if kind in ("extend", "apply"):
+            # Taken out while it changes: kept again only if the updates went in whole.
+            _, path, key, payload = request
+            held, doc, size = take(path)
+            size += sum(map(len, payload))
+            if doc is None or held != key:
+                if doc is not None:  # another build's: not this caller's to change
+                    keep(path, held, doc, size - sum(map(len, payload)))
+                return ("unknown", None)
+            if kind == "extend":
+                extended = integrated(doc, None, payload)
+                if extended:
                     keep(path, key, doc, size)
-                    conn.send(("ok", None))
-            elif kind == "check_updates":
-                try:
-                    check_updates(request[1])
-                except BadRequest as exc:
-                    conn.send(("refused", exc.message))
-                    continue
-                conn.send(("ok", None))
-            elif kind in ("snapshot", "describe"):
-                try:
-                    merged = snapshot_of(request[1])
-                except UnmergeableUpdates as exc:
-                    conn.send(("refused", str(exc)))
-                    continue
-                conn.send(("ok", merged if kind == "snapshot" else describe(merged)))
-            elif kind == "ping":
-                conn.send(("ok", None))
-            else:
-                conn.send(("error", f"unknown request {kind!r}"))
-        except Exception as exc:  # noqa: BLE001 - answered; the child goes on
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+                return ("ok", extended)
+            try:
+                apply_updates(doc, payload)
+            except UnmergeableUpdates as exc:
+                return ("refused", str(exc))
+            keep(path, key, doc, size)
+            return ("ok", None)
+        if kind == "check_updates":
+            try:
+                check_updates(request[1])
+            except BadRequest as exc:
+                return ("refused", exc.message)
+            return ("ok", None)
+        if kind in ("snapshot", "describe"):
+            try:
+                merged = snapshot_of(request[1])
+            except UnmergeableUpdates as exc:
+                return ("refused", str(exc))
+            return ("ok", merged if kind == "snapshot" else describe(merged))
+        return ("error", f"unknown request {kind!r}")
+
+    serve(conn, handle)
