@@ -101,7 +101,10 @@ class DatabaseErrorMiddleware:
             return response
         refusal = refusal_for(cause)
         if refusal is not None:
+            # A 503's Retry-After included (a lock or statement timeout, a conflict).
             return JsonResponse(
-                {"detail": refusal.message, "code": refusal.code}, status=refusal.status
+                {"detail": refusal.message, "code": refusal.code},
+                status=refusal.status,
+                headers=refusal.headers,
             )
         return None

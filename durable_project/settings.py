@@ -247,13 +247,26 @@ DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
 DS_READ_HELD_ANSWERS_BYTES = env.int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1024**2)
 if DS_READ_HELD_ANSWERS_BYTES < 0:
     raise ImproperlyConfigured("DS_READ__HELD_ANSWERS_BYTES must be 0 or more")
-# How long a statement of the async pool below waits for a lock (PostgreSQL's lock_timeout) before
-# it fails and its request answers 503 with Retry-After: a table or row locked by someone else
-# (a long transaction, an operator's LOCK, DDL) otherwise held every request that met it, and its
-# pooled connection, for as long as the lock lasted. 0: wait without limit.
+# How long a statement waits for a lock (PostgreSQL's lock_timeout) before it fails and its
+# request answers 503 with Retry-After: a table or row locked by someone else (a long
+# transaction, an operator's LOCK, DDL) otherwise held every request that met it, and its pooled
+# connection, for as long as the lock lasted. 0: wait without limit.
 DS_DB_LOCK_TIMEOUT_SECS = env.float("DS_DB__LOCK_TIMEOUT_SECS", default=15.0)
 if DS_DB_LOCK_TIMEOUT_SECS < 0:
     raise ImproperlyConfigured("DS_DB__LOCK_TIMEOUT_SECS must be 0 or more")
+# The session settings (libpq ``options``) of every connection the server and its commands make,
+# the protocol endpoints' pool (streams.store.pool) and Django's alike: how deep forks may go
+# (ds_max_fork_depth) and the lock timeout above. Django's connections had neither: a catalog
+# read that met a locked table waited for as long as the lock lasted. A command (``migrate``
+# included) fails past the lock timeout too, rather than queue every request behind its lock.
+_lock_timeout_ms = round(DS_DB_LOCK_TIMEOUT_SECS * 1000)
+DS_DB_SESSION_OPTIONS = f"-c ds.max_fork_depth={DS_MAX_FORK_DEPTH}" + (
+    f" -c lock_timeout={_lock_timeout_ms}" if _lock_timeout_ms > 0 else ""
+)
+_django_options = DATABASES["default"]["OPTIONS"]
+_django_options["options"] = " ".join(
+    option for option in (_django_options.get("options"), DS_DB_SESSION_OPTIONS) if option
+)
 # Connections in each server process's async pool. Small is fast: appends to one stream queue
 # on its row lock anyway (DESIGN.md, storage measurements).
 DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)

@@ -226,14 +226,10 @@ async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
 
 
 def _session_options(configured: str | int | None) -> dict[str, str]:
-    """The libpq ``options`` of every pooled connection: those configured, how deep forks may
-    go (``ds_max_fork_depth``), and how long its statements wait for a lock
-    (DS_DB_LOCK_TIMEOUT_SECS); past it they fail with SQLSTATE 55P03, which answers 503 with
-    Retry-After (streams.store.failures)."""
-    options = [str(configured or ""), f"-c ds.max_fork_depth={settings.DS_MAX_FORK_DEPTH}"]
-    millis = round(settings.DS_DB_LOCK_TIMEOUT_SECS * 1000)
-    if millis > 0:
-        options.append(f"-c lock_timeout={millis}")
+    """The libpq ``options`` of every pooled connection: those configured, and the server's
+    (``DS_DB_SESSION_OPTIONS``: the fork depth, the lock timeout; past it a statement fails
+    with SQLSTATE 55P03, which answers 503 with Retry-After: streams.store.failures)."""
+    options = (str(configured or ""), settings.DS_DB_SESSION_OPTIONS)
     return {"options": " ".join(option for option in options if option)}
 
 

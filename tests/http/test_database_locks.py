@@ -44,3 +44,25 @@ def test_a_locked_table_answers_503_and_nothing_is_stored(
         read = http.get(url, params={"offset": "-1"})
     assert read.status_code == 200
     assert read.content == b"beforeafter"
+
+
+def test_pages_and_the_rest_api_wait_for_a_lock_no_longer_than_the_protocol(
+    start_server: Any, database_url: str
+) -> None:
+    """Django's connections (the REST API, the admin, the console) have the same bound: before,
+    a catalog read met a locked ``ds_stream`` and waited for as long as the lock lasted, and
+    with it one of the four connections Django's pool has per process."""
+    server: ServerProcess = start_server(env={"DS_DB__LOCK_TIMEOUT_SECS": "1"})
+    prefix = f"locked-catalog/{time.time_ns()}"
+    catalog = f"{server.base_url}/v1/streams"
+    with httpx.Client(timeout=CLIENT_TIMEOUT_SECS) as http:
+        assert http.put(server.stream_url(f"{prefix}/a"), headers=TEXT).status_code == 201
+        with psycopg.connect(database_url) as locker:
+            locker.execute("LOCK TABLE ds_stream IN ACCESS EXCLUSIVE MODE")
+            listed = http.get(catalog, params={"prefix": prefix})
+            locker.rollback()
+        assert listed.status_code == 503, listed.text
+        assert int(listed.headers["Retry-After"]) > 0
+        listed = http.get(catalog, params={"prefix": prefix})
+    assert listed.status_code == 200, listed.text
+    assert [s["path"] for s in listed.json()["results"]] == [f"{prefix}/a"]
