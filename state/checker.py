@@ -17,6 +17,8 @@ per MiB of the append; past it the child is killed and replaced by a new one (ne
 the thread that waited on it may still hold its pipe), and the append is refused (400). An
 error of the check itself refuses the append too (400), and keeps the child.
 
+An append waits for a free checker at most ``DS_STATE__CHECK_TIMEOUT_SECS`` (a 503 past it).
+
 A child keeps the compiled schemas of the registrations it was sent (the least recently used
 64), keyed by stream path and registration version; it reads the messages themselves (bytes:
 no pickling of values), checks them without the in-process cost budget (the deadline is the
@@ -88,7 +90,14 @@ async def check(
     ``version``, its ``schemas``) is refused, naming the event; None when it is not."""
     deadline = _deadline(messages)
     pool = _pool()
-    checker = await pool.take()
+    # Waiting for a checker is bounded too: appends queued behind costly checks are a 503
+    # (found by reading: the wait had no bound, and every state append of the process whose
+    # schemas are not plain queued behind them).
+    try:
+        async with asyncio.timeout(settings.DS_STATE_CHECK_TIMEOUT_SECS):
+            checker = await pool.take()
+    except TimeoutError:
+        raise CheckUnavailable from None
     key = (path, version)
     try:
         for _ in range(2):  # once more if the child dropped the registration meanwhile

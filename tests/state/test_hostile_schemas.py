@@ -363,6 +363,44 @@ def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
         append_ok(client, stream_path, [change("t", "k", matching)])  # a new checker
 
 
+def test_appends_waiting_for_a_checker_wait_no_longer_than_a_check(
+    start_server: Any, stream_path: str
+) -> None:
+    """Six appends, each costing its checker its whole deadline (2.6 s: 1 s and 1 s per MiB),
+    against the two checkers of one process: the last ones waited for a checker without
+    bound (7.8 s for the sixth; every state append of the process with a schema that is not
+    plain queued behind them). Now an append waits for a checker at most the check's timeout
+    (1 s here), then answers 503 with Retry-After: nothing is wrong with it."""
+    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
+    rng = random.Random(13)
+    text = "".join(rng.choice("ab") for _ in range(1_700_000))
+    thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in range(31, 51)]
+    with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
+        create_json_stream(client, stream_path)
+        assert register(client, stream_path, {"t": {"anyOf": thrashing}}).status_code == 201
+        append_ok(client, stream_path, [change("t", "k", "a" + "b" * 50 + "c")])
+        answers: list[httpx.Response] = []
+
+        def costly() -> None:
+            with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as own:
+                answers.append(append(own, stream_path, [change("t", "k", text)]))
+
+        senders = [threading.Thread(target=costly) for _ in range(6)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        statuses = sorted(answer.status_code for answer in answers)
+        assert set(statuses) <= {400, 503}, [a.text[:200] for a in answers]
+        assert 503 in statuses, statuses
+        for answer in answers:
+            if answer.status_code == 503:
+                assert int(answer.headers["Retry-After"]) > 0
+        read = client.get(f"/v1/stream/{stream_path}", params={"offset": "-1"})
+        assert len(read.json()) == 1  # none of them stored
+        append_ok(client, stream_path, [change("t", "k", "a" + "b" * 50 + "c")])
+
+
 def test_a_registration_over_a_history_too_costly_to_check_is_refused_meanwhile_answering(
     start_server: Any, stream_path: str
 ) -> None:
