@@ -11,6 +11,7 @@ from pycrdt import Doc, Snapshot, get_update, merge_updates
 
 from streams.errors import BadRequest
 from yjs.framing import read_frames, read_var_uint
+from yjs.structure import InvalidStructure, check_structure
 
 T = TypeVar("T")
 
@@ -47,7 +48,16 @@ def check_updates(updates: list[bytes]) -> None:
     The cost is a small pycrdt document per update (tens of microseconds) plus what merging
     the bytes costs; callers bound the number of updates (MAX_UPDATES). Combinations with the
     rest of the document are not checked (that would cost a compaction per POST): compaction
-    records a document they break (yjs.compaction)."""
+    records a document they break (yjs.compaction).
+
+    Before pycrdt sees them, their structure is checked (``yjs.structure``): Yrs decodes values
+    nested deep enough to overflow the process's stack, and reads ids past 2^53 otherwise than
+    JavaScript clients do."""
+    for index, update in enumerate(updates):
+        try:
+            check_structure(update)
+        except InvalidStructure as exc:
+            raise BadRequest(f"update {index} is not a valid Yjs update ({exc})") from None
     for index, update in enumerate(updates):
         try:
             _guarded(partial(merge_updates, update))
