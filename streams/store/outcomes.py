@@ -64,6 +64,7 @@ class TrimOutcome(StrEnum):
     NOT_FOUND = "not_found"
     GONE = "gone"
     OFFSET_INVALID = "offset_invalid"
+    KEEPS_HISTORY = "keeps_history"
 
 
 class DeleteOutcome(StrEnum):
@@ -124,6 +125,10 @@ TRIM_ERRORS: dict[TrimOutcome, Callable[[], ProtocolError]] = {
     TrimOutcome.GONE: lambda: Gone("stream was deleted"),
     TrimOutcome.OFFSET_INVALID: lambda: BadRequest(
         "Stream-Trim-Before is not a retained position of this stream"
+    ),
+    TrimOutcome.KEEPS_HISTORY: lambda: Conflict(
+        "the stream is registered for the State Protocol, whose readers need its whole"
+        " history: it is not trimmed (compact it instead)"
     ),
 }
 

@@ -29,6 +29,7 @@ from tests.retention.support import (
     trim,
     url,
 )
+from tests.state.support import append_ok, change, create_json_stream, register
 
 MESSAGES = [f"m{i};" for i in range(10)]
 
@@ -236,3 +237,23 @@ def test_trimming_needs_manage(keys_server: ServerProcess, database_url: str) ->
         assert client.head(url(path), headers=owner).headers["Stream-Start-Offset"] == BEGINNING
         trimmed = trim(client, path, tail, **owner)
         assert trimmed.status_code == 204 and trimmed.headers["Stream-Start-Offset"] == tail
+
+
+def test_a_registered_state_stream_is_not_trimmed(client: httpx.Client, stream_path: str) -> None:
+    """Its readers, and any rebuild of its materialized state (a re-registration, ``manage.py
+    materialize_state --rebuild``), need its whole history: a trim left the REST view with
+    entities a rebuild then dropped without a word (found by a probe). A 409 now, nothing
+    trimmed; the stream compacts instead (README, Retention). Unregistered, it trims."""
+    create_json_stream(client, stream_path)
+    append_ok(client, stream_path, [change("t", "a", 1), change("t", "b", 2)])
+    tail = append_ok(client, stream_path, [change("t", "c", 3)])
+    assert register(client, stream_path).status_code == 201
+    start = start_of(client, stream_path)
+    refused = trim(client, stream_path, tail)
+    assert refused.status_code == 409, refused.text
+    assert "State Protocol" in refused.text
+    assert start_of(client, stream_path) == start
+    read = client.get(url(stream_path), params={"offset": "-1"})
+    assert [event["key"] for event in read.json()] == ["a", "b", "c"]
+    assert client.delete(f"/v1/state/streams/{stream_path}").status_code == 204
+    assert trim(client, stream_path, tail).status_code == 204

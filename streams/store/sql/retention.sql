@@ -260,9 +260,12 @@ BEGIN
     END IF;
     v_seq := coalesce(p_seq, s.next_seq);
     v_pos := CASE WHEN p_seq IS NULL THEN s.next_pos ELSE p_pos END;
+    -- A stream that keeps its history (a registered state stream, whose readers and rebuilds
+    -- need all of it: it compacts instead) is not the client's to trim.
     outcome := CASE
         WHEN (v_seq, v_pos) <= (s.first_seq, s.first_pos) THEN 'unchanged'
         WHEN NOT ds_is_retained_position(s, v_seq, v_pos) THEN 'offset_invalid'
+        WHEN ds_hook_keeps_history(s.id) THEN 'keeps_history'
         ELSE 'trimmed'
     END;
     IF outcome = 'trimmed' THEN
@@ -275,7 +278,7 @@ BEGIN
     END IF;
     -- A client's trim is a write: it renews a sliding TTL (PROTOCOL.md 5.1). The sweep's
     -- trims are not client accesses and do not.
-    IF outcome <> 'offset_invalid' AND s.ttl_seconds IS NOT NULL THEN
+    IF outcome IN ('trimmed', 'unchanged') AND s.ttl_seconds IS NOT NULL THEN
         UPDATE ds_stream AS t SET accessed_at = now() WHERE t.id = s.id;
     END IF;
     next_seq := s.next_seq;
