@@ -5,7 +5,7 @@ Shared by the stream endpoint and the Yjs endpoint, which answer the same result
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -25,7 +25,9 @@ from streams.store.types import (
 NO_STORE = "no-store"
 # PROTOCOL.md 10.1: historical chunks never change, so caches may keep them; shared caches
 # only with DS_HTTP__CACHE_SCOPE public (the default in open mode alone).
-CACHEABLE = "max-age=60, stale-while-revalidate=300"
+# How long a cache may keep a chunk of history, and serve it stale while it asks again.
+CACHE_SECS = 60
+STALE_SECS = 300
 
 
 def created(request: Request, result: CreateResult) -> Response:
@@ -50,8 +52,10 @@ def appended(result: AppendResult, *, producer: bool, stored_data: bool) -> Resp
         headers["Stream-Closed"] = "true"
     if not producer:
         return Response(204, headers)
-    headers["Producer-Epoch"] = str(result.producer_epoch)
-    headers["Producer-Seq"] = str(result.producer_seq)
+    # A close of a stream already closed has no epoch or sequence to echo (a probe saw "None").
+    if result.producer_epoch is not None and result.producer_seq is not None:
+        headers["Producer-Epoch"] = str(result.producer_epoch)
+        headers["Producer-Seq"] = str(result.producer_seq)
     return Response(204 if result.duplicate or not stored_data else 200, headers)
 
 
@@ -162,9 +166,7 @@ def _data_headers(
         "Stream-Next-Offset": str(result.next_offset),
         "ETag": etag,
         # A chunk that reaches the tail of an open stream may grow; only history is cacheable.
-        "Cache-Control": NO_STORE
-        if result.up_to_date
-        else f"{settings.DS_CACHE_SCOPE}, {CACHEABLE}",
+        "Cache-Control": NO_STORE if result.up_to_date else _cacheable(meta),
     }
     if result.up_to_date:
         headers["Stream-Up-To-Date"] = "true"
@@ -173,6 +175,21 @@ def _data_headers(
     elif cursor is not None:
         headers["Stream-Cursor"] = cursor
     return headers
+
+
+def _cacheable(meta: StreamMeta) -> str:
+    """Cache-Control of history: a minute, and five more stale while revalidating, but never
+    past the stream's expiry (PROTOCOL.md 5.6: derived from TTL and expiry; a read renews a
+    TTL, so the stream lives that long from now)."""
+    max_age, stale = CACHE_SECS, STALE_SECS
+    lifetimes = [meta.ttl_seconds] if meta.ttl_seconds is not None else []
+    if meta.expires_at is not None:
+        lifetimes.append(int((meta.expires_at - datetime.now(UTC)).total_seconds()))
+    if lifetimes:
+        left = max(0, min(lifetimes))
+        max_age = min(max_age, left)
+        stale = min(stale, left - max_age)
+    return f"{settings.DS_CACHE_SCOPE}, max-age={max_age}, stale-while-revalidate={stale}"
 
 
 def _expiry_headers(ttl_seconds: int | None, expires_at: datetime | None) -> dict[str, str]:

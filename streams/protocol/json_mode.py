@@ -82,8 +82,9 @@ def messages_for_append(body: bytes, max_messages: int = 1 << 62) -> list[bytes]
 
 
 def messages_for_create(body: bytes, max_messages: int = 1 << 62) -> list[bytes]:
-    """The initial messages of a PUT: like an append, but ``[]`` creates an empty stream."""
-    if not body.strip():
+    """The initial messages of a PUT: like an append, but ``[]`` or no body at all creates an
+    empty stream (whitespace alone is not JSON: 400, as for an append)."""
+    if not body:
         return []
     return _flatten(parse_body(body), max_messages)[1]
 

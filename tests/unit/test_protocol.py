@@ -220,6 +220,15 @@ class TestCursor:
         assert cursor.next_cursor(str(current - 5), now) == str(current)
         assert cursor.next_cursor("garbage", now) == str(current)
 
+    def test_a_long_echoed_cursor_moves_forward_too(self) -> None:
+        """A MUST of 10.1 for any cursor at or past the interval: one of 27 digits (leading
+        zeros, or a value past 10^18) got the current interval back, lower than itself."""
+        now = cursor.EPOCH_SECONDS + 1000
+        for echoed in ("000000000000000000099999999", "9" * 19, "1" + "0" * 63):
+            assert int(cursor.next_cursor(echoed, now)) > int(echoed)
+        # Past 64 digits it is not read as a number: the current interval.
+        assert cursor.next_cursor("1" * 65, now) == str(cursor.current_interval(now))
+
 
 class TestStreamPaths:
     """PROTOCOL.md 12.2: no traversal through stream paths."""

@@ -1,0 +1,97 @@
+"""Edges of the base protocol the official suite does not reach, each against PROTOCOL.md
+(found by a probe reading the specification section by section, 2026-11-28)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+TEXT = {"Content-Type": "text/plain"}
+JSON = {"Content-Type": "application/json"}
+CLOSE = {"Stream-Closed": "true"}
+
+
+def _url(path: str) -> str:
+    return f"/v1/stream/{path}"
+
+
+def test_a_close_of_a_closed_stream_with_producer_headers_answers_no_none(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """5.2.1: a close-only request with producer headers on a closed stream is 204 with
+    ``Stream-Closed``; its producer headers said ``None`` (the store has no epoch or sequence
+    for that outcome). They are left out now; a closing tuple's retry still echoes its own."""
+    url = _url(stream_path)
+    assert client.put(url, headers=TEXT).status_code == 201
+    closing = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0", **CLOSE}
+    assert client.post(url, headers=closing).status_code == 204
+    for headers in (
+        {"Producer-Id": "q", "Producer-Epoch": "0", "Producer-Seq": "0", **CLOSE},
+        {"Producer-Id": "p", "Producer-Epoch": "1", "Producer-Seq": "0", **CLOSE},
+    ):
+        answer = client.post(url, headers=headers)
+        assert answer.status_code == 204, answer.text
+        assert answer.headers["Stream-Closed"] == "true"
+        for name in ("Producer-Epoch", "Producer-Seq"):
+            assert re.fullmatch(r"\d+", answer.headers.get(name, "0")), answer.headers
+    retry = client.post(url, headers=closing)
+    assert retry.status_code == 204
+    assert (retry.headers["Producer-Epoch"], retry.headers["Producer-Seq"]) == ("0", "0")
+
+
+def test_an_echoed_cursor_past_the_interval_always_moves_forward(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """10.1: a cursor at or past the current interval MUST get a greater one back; a cursor of
+    more than 18 characters (leading zeros, or a value past 10^18) got the current interval."""
+    url = _url(stream_path)
+    assert client.put(url, headers=TEXT, content=b"x").status_code == 201
+    for echoed in ("000000000000000000099999999", "9" * 19):
+        answer = client.get(url, params={"offset": "-1", "live": "long-poll", "cursor": echoed})
+        assert answer.status_code == 200
+        assert int(answer.headers["Stream-Cursor"]) > int(echoed)
+
+
+def test_a_json_stream_is_not_created_from_whitespace(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """9.1: a JSON stream's data MUST be valid JSON: a PUT whose body is only whitespace
+    created an empty stream (201), where the same body appended is a 400. An empty body still
+    creates an empty stream."""
+    refused = client.put(_url(stream_path), headers=JSON, content=b" \n\t ")
+    assert refused.status_code == 400, refused.text
+    assert client.head(_url(stream_path)).status_code == 404
+    assert client.put(_url(stream_path), headers=JSON, content=b"").status_code == 201
+
+
+def test_history_of_a_stream_about_to_expire_is_not_cached_past_its_expiry(
+    start_server: Any, stream_path: str
+) -> None:
+    """5.6: caching of historical chunks is derived from the stream's TTL and expiry; a chunk
+    of a stream expiring in a few seconds said ``max-age=60, stale-while-revalidate=300``, so
+    a cache could serve it for six minutes after the stream was gone. (Chunks of one message
+    here, so that a read from the start is history.)"""
+    server = start_server(env={"DS_READ__MAX_CHUNK_MESSAGES": "1"})
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        in_five_seconds = datetime.now(UTC) + timedelta(seconds=5)
+        for name, headers in (
+            ("ttl", {"Stream-TTL": "5"}),
+            ("expiry", {"Stream-Expires-At": in_five_seconds.strftime("%Y-%m-%dT%H:%M:%SZ")}),
+            ("forever", {}),
+        ):
+            url = _url(f"{stream_path}-{name}")
+            assert client.put(url, headers={**TEXT, **headers}).status_code == 201
+            for data in (b"a", b"b"):
+                assert client.post(url, headers=TEXT, content=data).status_code == 204
+            history = client.get(url, params={"offset": "-1"})
+            assert history.status_code == 200
+            assert "Stream-Up-To-Date" not in history.headers
+            control = history.headers["Cache-Control"]
+            lifetimes = re.findall(r"(?:max-age|stale-while-revalidate)=(\d+)", control)
+            if name == "forever":
+                assert control.endswith("max-age=60, stale-while-revalidate=300"), control
+            else:
+                assert sum(map(int, lifetimes)) <= 5, (name, control)
