@@ -46,8 +46,10 @@ def parse_body(body: bytes) -> Any:
     text = text.removeprefix("\ufeff")
     try:
         value, end = _decoder.raw_decode(text, _skip_whitespace(text, 0))
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise BadRequest(f"invalid JSON: {exc}") from None
+    except RecursionError:  # Python's own limit, about a thousand levels
+        raise BadRequest("JSON nested too deeply for this server") from None
     if _skip_whitespace(text, end) != len(text):
         raise BadRequest("invalid JSON: extra data after the value")
     return value

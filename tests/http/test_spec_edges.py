@@ -95,3 +95,16 @@ def test_history_of_a_stream_about_to_expire_is_not_cached_past_its_expiry(
                 assert control.endswith("max-age=60, stale-while-revalidate=300"), control
             else:
                 assert sum(map(int, lifetimes)) <= 5, (name, control)
+
+
+def test_json_nested_past_what_the_server_parses_is_refused_as_such(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """A body nested 100,000 deep is a 400 that says so (it said "maximum recursion depth
+    exceeded", Python's words), and nothing is stored."""
+    url = _url(stream_path)
+    assert client.put(url, headers=JSON).status_code == 201
+    answer = client.post(url, headers=JSON, content=b"[" * 100_000 + b"]" * 100_000)
+    assert answer.status_code == 400
+    assert "nested too deeply" in answer.text
+    assert client.get(url, params={"offset": "-1"}).json() == []
