@@ -542,6 +542,13 @@ BEGIN
         RETURN format('nullif(%s, ''null''::jsonb)::%s', p_field, p_type);
     END IF;
     SELECT t.typcategory INTO v_category FROM pg_type AS t WHERE t.oid = p_type;
+    -- The cast is to the type without its modifiers; for character and bit that means a
+    -- length of 1 (an explicit cast to character(1) truncates without a word: "USD" was stored
+    -- as "U", found by a probe). Cast to their unbounded kin instead: the assignment to the
+    -- column then checks the length, and a misfit is a data error (recorded and skipped).
+    p_type := CASE p_type WHEN 'character'::regtype THEN 'text'::regtype
+                          WHEN 'bit'::regtype THEN 'bit varying'::regtype
+                          ELSE p_type END;
     RETURN format(
         '(CASE WHEN %1$s IS NULL OR %1$s = ''null''::jsonb THEN NULL'
         ' WHEN jsonb_typeof(%1$s) IN (%2$s) THEN %1$s #>> ''{}'''

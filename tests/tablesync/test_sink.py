@@ -640,3 +640,30 @@ def test_a_table_and_its_stream_cannot_feed_each_other(
         "SELECT count(*) FROM ds_table_publication WHERE table_name = %s", [second]
     ).fetchone() == (0,)
     command_ok(database_url, "unpublish_table", first)
+
+
+def test_fixed_length_columns_take_whole_values_or_record_a_misfit(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """``character(n)`` and ``bit(n)`` columns: values were cast to the type without its length,
+    which for these two means a length of 1, so "USD" was stored as "U" without a word and
+    every bit string of three bits was refused (found by a probe). Now a value of the right
+    length is stored whole, and one too long is recorded and skipped."""
+    path = f"tablesync/{unique('fixed')}"
+    table = unique("fixed_sink")
+    messages = [{"currency": "USD", "flags": "101"}, {"currency": "EURO", "flags": "110"}]
+    assert client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps(messages)).is_success
+    pg.execute(f"CREATE TABLE {table} (currency char(3), flags bit(3), stream_offset text)")
+    command_ok(
+        database_url, "sink_stream", path, "--table", table, "--map", "currency::character",
+        "--map", "flags::bit", "--wait",
+    )  # fmt: skip
+    wait_until(lambda: caught_up(pg, path), "the sink applies the stream")
+    rows = pg.execute(f"SELECT currency, flags::text FROM {table}").fetchall()
+    assert rows == [("USD", "101")]
+    errors = pg.execute(
+        "SELECT e.sqlstate FROM ds_sink_error AS e JOIN ds_stream_sink AS k ON k.id = e.sink_id"
+        " WHERE k.stream_path = %s",
+        [path],
+    ).fetchall()
+    assert errors == [("22001",)]
