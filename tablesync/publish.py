@@ -98,29 +98,28 @@ def publish_table(
 
 def _require_publishable(target: tables.Table) -> None:
     """What the publication's statement triggers cannot capture whole, refused: a partitioned
-    table or a partition (a statement's triggers are those of the table it names, so writes to
-    a partition, or through the parent, would be missed), a column whose values would become
+    table, a partition or a table in an inheritance tree (a statement's triggers are those of
+    the table it names, so writes through a parent would be missed), a deferrable primary key
+    (ds_tablesync_unfit in sql/tablesync.sql), a column whose values would become
     JSON through a cast a client may have written, and a schema where another role could put
     functions of its own (ds_tablesync_require_plain in sql/tablesync.sql): the triggers would
     run their code with the server's rights."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT c.relkind = 'p' OR c.relispartition, ds_tablesync_unplain_column(c.oid),"
+            "SELECT ds_tablesync_unfit(c.oid, NULL), ds_tablesync_unplain_column(c.oid),"
             " ds_tablesync_schema_creator(), current_schema()"
             " FROM pg_class AS c WHERE c.oid = %s",
             [target.oid],
         )
-        partitioned, unplain, creator, schema = cursor.fetchone()
+        unfit, unplain, creator, schema = cursor.fetchone()
     if creator is not None:
         raise BadRequest(
             f"role {creator!r} may create objects in schema {schema!r}, where the publication's"
             " functions run with the server's rights: revoke CREATE on it from every role but"
             " the server's, or install the server in a schema of its own"
         )
-    if partitioned:
-        raise BadRequest(
-            f"{target.name} is partitioned or a partition: publish a table that is neither"
-        )
+    if unfit is not None:
+        raise BadRequest(f"{target.name} cannot be published: {unfit} (docs/gaps.md)")
     if unplain is not None:
         raise BadRequest(
             f"column {unplain!r} of {target.name} has a type table sync cannot publish: an"

@@ -203,6 +203,34 @@ BEGIN
 END;
 $$;
 
+-- Why a table's statements can no longer be captured whole and right, or NULL (checked when it
+-- is published, and by each statement since: DDL may change any of it). It is partitioned, a
+-- partition, or takes part in inheritance: a statement's triggers are those of the table it
+-- names, so writes through a parent, or to a child, are not seen. Its primary key is
+-- deferrable: a transaction may then hold a key in two rows at once, and the events of its
+-- statements, keyed by it, cancel out (a probe's key swap left the stream without the rows the
+-- table held). A column the publication names (p_columns) is gone: renamed or dropped, its
+-- values would be published as null.
+CREATE OR REPLACE FUNCTION ds_tablesync_unfit(p_relid oid, p_columns text[]) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN c.relkind = 'p' OR c.relispartition THEN 'it is partitioned or a partition'
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS i
+                      WHERE i.inhrelid = p_relid OR i.inhparent = p_relid)
+            THEN 'it inherits from another table, or another inherits from it'
+        WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_constraint AS k
+                      WHERE k.conrelid = p_relid AND k.contype = 'p' AND k.condeferrable)
+            THEN 'its primary key is deferrable'
+        ELSE (SELECT 'its column ' || quote_ident(u.c) || ' is gone (renamed or dropped)'
+                FROM unnest(p_columns) AS u(c)
+               WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+                                  WHERE a.attrelid = p_relid AND a.attname = u.c
+                                    AND a.attnum > 0 AND NOT a.attisdropped)
+               LIMIT 1)
+    END
+    FROM pg_catalog.pg_class AS c WHERE c.oid = p_relid
+$$;
+
 -- The statement-level trigger on a published table (TG_ARGV[0]: the publication's id). It runs
 -- at the end of each statement, outside any stream lock, and only stages the events; the
 -- deferred ds_tablesync_flush appends them when the transaction commits. An UPDATE pairs old
@@ -223,6 +251,7 @@ DECLARE
     v_delete text;
     v_events bytea[] := '{}';
     v_event bytea;
+    v_unfit text;
     c refcursor;
 BEGIN
     PERFORM ds_tablesync_require_trusted_schema();
@@ -236,6 +265,13 @@ BEGIN
     v_key := CASE WHEN cardinality(p.key_columns) = 1 THEN p.key_columns[1] END;
     IF TG_OP <> 'TRUNCATE' THEN
         PERFORM ds_tablesync_require_plain(TG_RELID);
+    END IF;
+    v_unfit := ds_tablesync_unfit(TG_RELID, p.key_columns || p.columns);
+    IF v_unfit IS NOT NULL THEN
+        RAISE EXCEPTION 'table % is published to a stream, and its changes can no longer be'
+            ' captured right: %', TG_RELID::regclass, v_unfit
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'undo that change, or unpublish the table (manage.py unpublish_table)';
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
         -- Every row is gone: clients clear their state (STATE-PROTOCOL.md 4.2.2).
