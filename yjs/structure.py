@@ -23,9 +23,10 @@ from __future__ import annotations
 
 # JavaScript's Number.MAX_SAFE_INTEGER: the largest id or clock every client reads exactly.
 MAX_SAFE_INTEGER = 2**53 - 1
-# How deep a value may nest (an array in an object in ...): as deep as serde_json, which Yrs
-# uses for JSON content, parses.
-MAX_NESTING = 128
+# How deep a value may nest (an array in an object in ...): far below where Yrs' recursion
+# overflows a thread's stack (about 30,000 levels; 20,000 read in a thread of the server), and
+# where JavaScript's lib0, recursive too, would (some thousands).
+MAX_NESTING = 1000
 
 # Content kinds (the low five bits of a struct's info byte).
 _GC, _DELETED, _JSON, _BINARY, _STRING, _EMBED, _FORMAT, _TYPE, _ANY, _DOC, _SKIP = range(11)
