@@ -229,8 +229,10 @@ def _session_options(configured: str | int | None) -> dict[str, str]:
     """The libpq ``options`` of every pooled connection: those configured, and the server's
     (``DS_DB_SESSION_OPTIONS``: the fork depth, the lock timeout; past it a statement fails
     with SQLSTATE 55P03, which answers 503 with Retry-After: streams.store.failures)."""
-    options = (str(configured or ""), settings.DS_DB_SESSION_OPTIONS)
-    return {"options": " ".join(option for option in options if option)}
+    options = str(configured or "")
+    if settings.DS_DB_SESSION_OPTIONS not in options:  # conninfo() copies Django's, which hold them
+        options = f"{options} {settings.DS_DB_SESSION_OPTIONS}".strip()
+    return {"options": options}
 
 
 def count_connections() -> None:
