@@ -153,6 +153,10 @@ def _publishable_stream(path: str, created_by: str) -> tuple[Stream, bool]:
         raise Conflict(f"stream {path!r} is closed")
     if stream.ttl_seconds is not None or stream.expires_at is not None:
         raise Conflict(f"stream {path!r} expires (Stream-TTL or Stream-Expires-At)")
+    if stream.retention_max_age is not None or stream.retention_max_bytes is not None:
+        # Its readers need the snapshot and every change since (a probe's trimmed stream
+        # materialized one row of five).
+        raise Conflict(f"stream {path!r} has a retention policy: a published stream keeps all")
     if TablePublication.objects.filter(stream=stream).exists():
         raise Conflict(f"stream {path!r} is already the stream of a published table")
     return stream, created

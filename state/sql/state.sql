@@ -348,6 +348,7 @@ UPDATE ds_stream AS s SET validation_version = r.version
 -- Retention (streams/store/sql/retention.sql). A registered state stream keeps its whole
 -- history unless it asks otherwise: the server-wide default retention would silently drop
 -- state that clients reading from -1 need (it compacts instead: state/compaction.py).
+-- tablesync.sql, installed after this, replaces it with one that keeps published streams too.
 CREATE OR REPLACE FUNCTION ds_hook_keeps_history(p_stream_id bigint) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN

@@ -127,8 +127,8 @@ TRIM_ERRORS: dict[TrimOutcome, Callable[[], ProtocolError]] = {
         "Stream-Trim-Before is not a retained position of this stream"
     ),
     TrimOutcome.KEEPS_HISTORY: lambda: Conflict(
-        "the stream is registered for the State Protocol, whose readers need its whole"
-        " history: it is not trimmed (compact it instead)"
+        "the stream keeps its whole history (its readers need all of it: a stream registered"
+        " for the State Protocol compacts instead, a published table's stays whole)"
     ),
 }
 

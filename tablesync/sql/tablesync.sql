@@ -811,6 +811,17 @@ BEGIN
 END;
 $$;
 
+-- A published table's stream keeps its history, as a registered state stream does (state.sql's
+-- rule, which this replaces, included): its readers need the snapshot and every change since.
+-- The server-wide retention default passes it by, and a client's trim is refused (ds_trim).
+CREATE OR REPLACE FUNCTION ds_hook_keeps_history(p_stream_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM ds_state_stream WHERE stream_id = p_stream_id)
+        OR EXISTS (SELECT 1 FROM ds_table_publication WHERE stream_id = p_stream_id);
+END;
+$$;
+
 -- The purge (streams/store/sql/retention.sql) keeps a stream's rows from the position of its
 -- least advanced active sink: a run reads the stream (its start) first and its rows after, so
 -- a trim and purge that committed in between would otherwise make it skip rows without

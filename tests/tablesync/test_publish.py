@@ -597,3 +597,31 @@ def test_tables_whose_changes_cannot_be_captured_right_are_refused(
         messages, _ = read_messages(client, path)
         assert [m["key"] for m in messages if "key" in m] == ["1"], (word, messages)
         command_ok(database_url, "unpublish_table", table)
+
+
+def test_a_published_stream_keeps_its_history(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A reader from -1 needs the snapshot and every change after it: a stream with a retention
+    policy was accepted, and a trim left a probe's stream materializing 1 row of 5. A stream
+    with a policy of its own is refused at publish; a client's trim of a published stream is
+    refused (409); the server-wide default policy does not apply to it (docs/gaps.md)."""
+    table = unique("kept")
+    path = f"tablesync/{table}"
+    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    policy = {"Content-Type": "application/json", "Stream-Retention-Max-Bytes": "200"}
+    assert client.put(f"/v1/stream/{path}-own", headers=policy).status_code == 201
+    error = command_fails(database_url, "publish_table", table, "--stream", f"{path}-own")
+    assert "retention" in error, error
+    command_ok(database_url, "publish_table", table, "--stream", path)
+    pg.execute(f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
+    tail = client.head(f"/v1/stream/{path}").headers["Stream-Next-Offset"]
+    refused = client.post(f"/v1/stream/{path}", headers={"Stream-Trim-Before": tail})
+    assert refused.status_code in (403, 409), refused.text
+    keeps = pg.execute(
+        "SELECT ds_hook_keeps_history(s.id) FROM ds_stream AS s WHERE s.path = %s", [path]
+    ).fetchone()
+    assert keeps == (True,)
+    messages, _ = read_messages(client, path)
+    assert [m["key"] for m in messages] == ["1", "2"]
+    command_ok(database_url, "unpublish_table", table)
