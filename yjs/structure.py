@@ -21,6 +21,8 @@ clock bound counts. Bytes after the delete set are left to Yrs, as before.
 
 from __future__ import annotations
 
+from yjs.framing import FramingError, read_var_uint
+
 # JavaScript's Number.MAX_SAFE_INTEGER: the largest id or clock every client reads exactly.
 MAX_SAFE_INTEGER = 2**53 - 1
 # How deep a value may nest (an array in an object in ...): far below where Yrs' recursion
@@ -54,16 +56,11 @@ class _Reader:
         return value
 
     def uint(self) -> int:
-        """A lib0 var-uint; past 2^53 it is no count, clock or id any client reads exactly."""
-        value = shift = 0
-        while True:
-            byte = self.byte()
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-            if shift > 53:
-                raise InvalidStructure("a number of the update is past 2^53")
+        """A lib0 var-uint; past 2^53 - 1 it is no count, clock or id any client reads exactly."""
+        try:
+            value, self.index = read_var_uint(self.data, self.index)
+        except FramingError:
+            raise InvalidStructure("a number of the update is cut short or past 2^53") from None
         if value > MAX_SAFE_INTEGER:
             raise InvalidStructure("a number of the update is past 2^53 - 1")
         return value
