@@ -385,6 +385,10 @@ BEGIN
      WHERE t.path = s.wake_stream AND t.deleted_at IS NULL;
     IF NOT FOUND THEN
         RETURN 'the wake stream ' || s.wake_stream || ' does not exist';
+    ELSIF v_media <> 'application/json' THEN
+        -- Events are JSON messages; in a stream of bytes they would run together.
+        RETURN 'the wake stream ' || s.wake_stream || ' is ' || v_media
+            || ', not application/json';
     END IF;
     v_event := convert_to(jsonb_build_object(
         'type', 'wake', 'subscription_id', s.subscription_id, 'stream', p_stream,
@@ -435,6 +439,14 @@ BEGIN
            sender = CASE WHEN s.type = 'webhook' THEN p_sender END,
            send_deadline = CASE WHEN s.type = 'webhook'
                                 THEN now() + make_interval(secs => p_send_secs) END,
+           -- An announced pull-wake wake that no worker claims within a lease ends then and
+           -- is announced again (ds_sub_expire): its event may have been refused (the wake
+           -- stream missing, closed, full) or missed by every worker, and a wake in flight
+           -- blocks every later one (found by a probe: the subscription stalled for good).
+           -- A claim sets the lease proper (7.3).
+           lease_expires_at = CASE WHEN s.type = 'pull-wake' AND p_event
+                                   THEN now() + make_interval(secs => s.lease_ttl_ms / 1000.0)
+                              END,
            last_error = coalesce(v_error, t.last_error),
            last_error_at = CASE WHEN v_error IS NOT NULL THEN now() ELSE t.last_error_at END
      WHERE t.id = s.id
@@ -564,6 +576,9 @@ BEGIN
                    WHEN s.wake_state = 'claimed'
                        THEN 'the lease of ' || s.holder || ' on generation ' || s.generation
                             || ' expired'
+                   WHEN s.wake_state = 'issued'
+                       THEN 'no worker claimed generation ' || s.generation
+                            || ' within the lease: announced again'
                    ELSE 'no callback for generation ' || s.generation || ' within the lease'
                END,
                last_error_at = now()

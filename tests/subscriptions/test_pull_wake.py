@@ -180,6 +180,57 @@ def test_a_missing_wake_stream_is_recorded_and_the_wake_stays_claimable(
     assert error == f"the wake stream {prefix}/w does not exist"
 
 
+def test_a_wake_nobody_claims_is_announced_again_after_its_lease(
+    client: httpx.Client, prefix: str
+) -> None:
+    """A wake whose event could not be written (its wake stream missing), or that no worker
+    heard of, stayed issued for good: no lease, no deadline, and no new wake while it was in
+    flight, so the subscription stalled even after the wake stream was created again (found by
+    a probe). An unclaimed wake now ends after the lease and is announced again, a new
+    generation, once the wake stream takes it; a claim still takes the wake in flight."""
+    sub = f"{prefix}-stalled"
+    wake_stream = f"{prefix}/wake"
+    created = client.put(
+        f"{CONTROL}/subscriptions/{sub}",
+        json={"type": "pull-wake", "streams": [f"{prefix}/s"], "wake_stream": wake_stream,
+              "lease_ttl_ms": 1000},
+    )  # fmt: skip
+    assert created.status_code == 201
+    client.put(f"/v1/stream/{prefix}/s", content=b"x", headers={"Content-Type": "text/plain"})
+    time.sleep(1.5)  # issued, unannounced: the wake stream does not exist yet
+    json_type = {"Content-Type": "application/json"}
+    assert client.put(f"/v1/stream/{wake_stream}", headers=json_type).status_code == 201
+    wait_until(lambda: len(wake_events(client, wake_stream)) >= 1, timeout=30)
+    event = wake_events(client, wake_stream)[0]
+    claimed = claim(client, sub, "w")
+    assert claimed.status_code == 200, claimed.text
+    assert claimed.json()["generation"] >= event["generation"] >= 2
+
+
+def test_wake_events_are_written_only_to_a_json_wake_stream(
+    client: httpx.Client, prefix: str, pg: Any
+) -> None:
+    """Wake events are JSON messages (docs/gaps.md): written to a text/plain wake stream they
+    ran together without boundaries (found by a probe). Such a stream gets none; the reason is
+    recorded and the wake stays claimable."""
+    sub = f"{prefix}-textwake"
+    wake_stream = f"{prefix}/textwake"
+    assert client.put(
+        f"/v1/stream/{wake_stream}", headers={"Content-Type": "text/plain"}
+    ).is_success
+    created = client.put(
+        f"{CONTROL}/subscriptions/{sub}",
+        json={"type": "pull-wake", "streams": [f"{prefix}/s"], "wake_stream": wake_stream},
+    )
+    assert created.status_code == 201
+    client.put(f"/v1/stream/{prefix}/s", content=b"x", headers={"Content-Type": "text/plain"})
+    query = "SELECT last_error FROM ds_subscription WHERE subscription_id = %s"
+    wait_until(lambda: pg.execute(query, (sub,)).fetchone()[0] != "")
+    assert "not application/json" in pg.execute(query, (sub,)).fetchone()[0]
+    assert client.get(f"/v1/stream/{wake_stream}", params={"offset": "-1"}).content == b""
+    assert claim(client, sub, "w").status_code == 200
+
+
 def test_claim_bodies_and_types_are_checked(client: httpx.Client, prefix: str) -> None:
     sub, _ = setup(client, prefix)
     url = f"{CONTROL}/subscriptions/{sub}/claim"
