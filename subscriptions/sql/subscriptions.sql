@@ -439,12 +439,14 @@ BEGIN
            sender = CASE WHEN s.type = 'webhook' THEN p_sender END,
            send_deadline = CASE WHEN s.type = 'webhook'
                                 THEN now() + make_interval(secs => p_send_secs) END,
-           -- An announced pull-wake wake that no worker claims within a lease ends then and
-           -- is announced again (ds_sub_expire): its event may have been refused (the wake
-           -- stream missing, closed, full) or missed by every worker, and a wake in flight
-           -- blocks every later one (found by a probe: the subscription stalled for good).
-           -- A claim sets the lease proper (7.3).
-           lease_expires_at = CASE WHEN s.type = 'pull-wake' AND p_event
+           -- A pull-wake wake whose event could not be written (the wake stream missing,
+           -- closed, full) ends after a lease unless claimed, and is announced again then
+           -- (ds_sub_expire): no worker hears of it otherwise, and a wake in flight blocks
+           -- every later one (found by a probe: the subscription stalled for good). One whose
+           -- event was written waits for a claim, as 7.3 has it (announcing it again every
+           -- lease filled an idle subscription's wake stream, found by review). A claim sets
+           -- the lease proper.
+           lease_expires_at = CASE WHEN s.type = 'pull-wake' AND p_event AND v_error IS NOT NULL
                                    THEN now() + make_interval(secs => s.lease_ttl_ms / 1000.0)
                               END,
            last_error = coalesce(v_error, t.last_error),
@@ -577,8 +579,8 @@ BEGIN
                        THEN 'the lease of ' || s.holder || ' on generation ' || s.generation
                             || ' expired'
                    WHEN s.wake_state = 'issued'
-                       THEN 'no worker claimed generation ' || s.generation
-                            || ' within the lease: announced again'
+                       THEN 'the wake event of generation ' || s.generation
+                            || ' could not be written, and no worker claimed it within the lease'
                    ELSE 'no callback for generation ' || s.generation || ' within the lease'
                END,
                last_error_at = now()

@@ -573,18 +573,27 @@ RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_category "char";
+    v_base regtype;
+    v_cast text;
 BEGIN
     IF p_type IN ('jsonb'::regtype, 'json'::regtype) THEN
         RETURN format('nullif(%s, ''null''::jsonb)::%s', p_field, p_type);
     END IF;
     SELECT t.typcategory INTO v_category FROM pg_type AS t WHERE t.oid = p_type;
-    -- The cast is to the type without its modifiers; for character and bit that means a
-    -- length of 1 (an explicit cast to character(1) truncates without a word: "USD" was stored
-    -- as "U", found by a probe). Cast to their unbounded kin instead: the assignment to the
-    -- column then checks the length, and a misfit is a data error (recorded and skipped).
-    p_type := CASE p_type WHEN 'character'::regtype THEN 'text'::regtype
-                          WHEN 'bit'::regtype THEN 'bit varying'::regtype
-                          ELSE p_type END;
+    -- An explicit cast to a type with a length cuts a value without a word: to a domain over
+    -- char(3) or varchar(3) (its base type's length), and to `character` and `bit`, which mean
+    -- length 1 written that way ("USD" was stored as "U", found by a probe). So the value is
+    -- cast to the base type without a length (bpchar and "bit" by their internal names), and
+    -- the assignment to the column checks the length and the domain's constraints: a misfit
+    -- is a data error, recorded and skipped. bpchar keeps blank-padded comparison and the key
+    -- column's index for an upsert sink's deletes (text lost both, found by review).
+    v_base := p_type;
+    WHILE (SELECT t.typtype FROM pg_type AS t WHERE t.oid = v_base) = 'd' LOOP
+        SELECT t.typbasetype INTO v_base FROM pg_type AS t WHERE t.oid = v_base;
+    END LOOP;
+    v_cast := CASE v_base WHEN 'character'::regtype THEN 'pg_catalog.bpchar'
+                          WHEN 'bit'::regtype THEN 'pg_catalog."bit"'
+                          ELSE v_base::text END;
     RETURN format(
         '(CASE WHEN %1$s IS NULL OR %1$s = ''null''::jsonb THEN NULL'
         ' WHEN jsonb_typeof(%1$s) IN (%2$s) THEN %1$s #>> ''{}'''
@@ -593,7 +602,7 @@ BEGIN
         CASE WHEN v_category = 'S' THEN '''string''' ELSE '''string'', ''number'', ''boolean''' END,
         'column ' || quote_ident(p_column),
         CASE WHEN v_category = 'S' THEN 'a string' ELSE 'a string, number or boolean' END,
-        p_type);
+        v_cast);
 END;
 $$;
 

@@ -207,6 +207,21 @@ def test_a_wake_nobody_claims_is_announced_again_after_its_lease(
     assert claimed.json()["generation"] >= event["generation"] >= 2
 
 
+def test_an_announced_wake_waits_for_a_claim(client: httpx.Client, prefix: str) -> None:
+    """7.3: a wake whose event was written waits for a worker's claim; the first version of the
+    fix above announced it again every lease, so an idle subscription's wake stream grew by an
+    event a lease for as long as no worker came (found by review)."""
+    sub, wake_stream = setup(client, prefix, lease_ttl_ms=1000)
+    path = f"{prefix}/events/a"
+    client.put(f"/v1/stream/{path}", content=b"[1]", headers={"Content-Type": "application/json"})
+    wait_until(lambda: len(wake_events(client, wake_stream)) == 1)
+    time.sleep(3.5)  # three leases and more, and the sweep's second
+    assert len(wake_events(client, wake_stream)) == 1
+    claimed = claim(client, sub, "late-worker")
+    assert claimed.status_code == 200, claimed.text
+    assert claimed.json()["generation"] == wake_events(client, wake_stream)[0]["generation"]
+
+
 def test_wake_events_are_written_only_to_a_json_wake_stream(
     client: httpx.Client, prefix: str, pg: Any
 ) -> None:

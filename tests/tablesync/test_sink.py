@@ -667,3 +667,44 @@ def test_fixed_length_columns_take_whole_values_or_record_a_misfit(
         [path],
     ).fetchall()
     assert errors == [("22001",)]
+
+
+def test_an_upsert_sink_keyed_by_a_fixed_length_column_deletes_its_rows(
+    client: httpx.Client, pg: psycopg.Connection[Any], database_url: str
+) -> None:
+    """Keys of a ``character(n)`` column arrive blank-padded ("US " from a published char(3)
+    key): the first fix cast them to text, where "US" and "US " differ, so a delete of "US "
+    deleted nothing, without a word (found by review). They compare as the column does now.
+    And a domain over varchar(3) took "EURO" as "EUR" (the cast to the domain cut it): now a
+    misfit, recorded."""
+    path = f"tablesync/{unique('padded')}"
+    table = unique("padded_sink")
+    client.put(f"/v1/stream/{path}", headers=JSON)
+    register_ok(client, path)
+    events = [
+        change("country", "US ", {"name": "United States"}),
+        change("country", "FRA", {"name": "France"}),
+    ]
+    assert client.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps(events)).is_success
+    pg.execute(f"CREATE TABLE {table} (code char(3) PRIMARY KEY, name text, stream_offset text)")
+    command_ok(
+        database_url, "sink_stream", path, "--table", table, "--mode", "upsert", "--key", "code",
+        "--type", "country", "--map", "name::text", "--wait",
+    )  # fmt: skip
+    wait_until(lambda: caught_up(pg, path), "the sink applies the stream")
+    assert len(pg.execute(f"SELECT code FROM {table}").fetchall()) == 2
+    deleted = json.dumps([change("country", "US ", op="delete")])
+    assert client.post(f"/v1/stream/{path}", headers=JSON, content=deleted).is_success
+    wait_until(lambda: caught_up(pg, path), "the sink applies the delete")
+    assert pg.execute(f"SELECT code, name FROM {table}").fetchall() == [("FRA", "France")]
+
+    domain, other, other_path = unique("code3"), unique("domain_sink"), f"{path}-domain"
+    messages = [{"code": "USD"}, {"code": "EURO"}]
+    assert client.put(
+        f"/v1/stream/{other_path}", headers=JSON, content=json.dumps(messages)
+    ).is_success
+    pg.execute(f"CREATE DOMAIN {domain} AS varchar(3)")
+    pg.execute(f"CREATE TABLE {other} (code {domain}, stream_offset text)")
+    command_ok(database_url, "sink_stream", other_path, "--table", other, "--map", "code", "--wait")
+    wait_until(lambda: caught_up(pg, other_path), "the sink applies the stream")
+    assert pg.execute(f"SELECT code FROM {other}").fetchall() == [("USD",)]
