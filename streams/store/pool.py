@@ -30,7 +30,7 @@ from typing import Any, Self
 import psycopg
 from django.conf import settings
 from psycopg import AsyncConnection
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -205,12 +205,14 @@ def _reserved(large: bool) -> bool:
 
 
 async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
-    info = conninfo()
+    # conninfo() carries Django's OPTIONS, the session options among them
+    # (settings.DS_DB_SESSION_OPTIONS: the fork depth, and the lock timeout, past which a
+    # statement fails with SQLSTATE 55P03, a 503 with Retry-After: streams.store.failures).
     pool: AsyncConnectionPool = _LastInFirstOutPool(
-        info,
+        conninfo(),
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, **_session_options(conninfo_to_dict(info).get("options"))},
+        kwargs={"autocommit": True},
         open=False,
         name=name,
         timeout=settings.DS_DB_ACQUIRE_TIMEOUT_SECS,
@@ -223,16 +225,6 @@ async def _open(name: str, min_size: int, max_size: int) -> AsyncConnectionPool:
     await pool.open(wait=False)
     logger.info("database pool %s open (max %d connections)", name, max_size)
     return pool
-
-
-def _session_options(configured: str | int | None) -> dict[str, str]:
-    """The libpq ``options`` of every pooled connection: those configured, and the server's
-    (``DS_DB_SESSION_OPTIONS``: the fork depth, the lock timeout; past it a statement fails
-    with SQLSTATE 55P03, which answers 503 with Retry-After: streams.store.failures)."""
-    options = str(configured or "")
-    if settings.DS_DB_SESSION_OPTIONS not in options:  # conninfo() copies Django's, which hold them
-        options = f"{options} {settings.DS_DB_SESSION_OPTIONS}".strip()
-    return {"options": options}
 
 
 def count_connections() -> None:
