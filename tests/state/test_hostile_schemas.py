@@ -178,6 +178,18 @@ def test_a_refusal_does_not_quote_the_value(own_client: httpx.Client, stream_pat
     assert "do-not-echo-me" not in response.text
 
 
+# Checks past a second (and a second per MiB) are past their deadline.
+ONE_SECOND_CHECKS: dict[str, str | None] = {"DS_STATE__CHECK_TIMEOUT_SECS": "1"}
+
+
+def _thrashing(seed: int) -> tuple[str, list[dict[str, str]]]:
+    """1.7 MB of random a/b text, and patterns whose lazy DFA thrashes on it (``a[ab]{50}c``:
+    about 860 ns a byte, where most patterns take 1-2): seconds of checking."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice("ab") for _ in range(1_700_000))
+    return text, [{"pattern": f"a[ab]{{{n}}}c"} for n in range(31, 51)]
+
+
 def _while_answering(
     base_url: str, send: Callable[[], httpx.Response]
 ) -> tuple[httpx.Response, bool]:
@@ -342,12 +354,10 @@ def test_a_check_past_its_deadline_is_refused_and_the_worker_answers_meanwhile(
     5 s uvicorn killed it (found by a probe; no static cost bound caught such patterns). The
     check runs in a process of its own now: past its deadline (here 1 s and 1 s per MiB) the
     append is refused (400, nothing stored), and another client is answered while it runs."""
-    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
-    rng = random.Random(7)
-    text = "".join(rng.choice("ab") for _ in range(1_700_000))
+    server: ServerProcess = start_server(env=ONE_SECOND_CHECKS)
+    text, thrashing = _thrashing(seed=7)
     with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
         create_json_stream(client, stream_path)
-        thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in range(31, 51)]
         schema = {"type": "string", "anyOf": thrashing}
         assert register(client, stream_path, {"t": schema}).status_code == 201
         matching = "a" + "b" * 50 + "c"
@@ -371,10 +381,8 @@ def test_appends_waiting_for_a_checker_wait_no_longer_than_a_check(
     bound (7.8 s for the sixth; every state append of the process with a schema that is not
     plain queued behind them). Now an append waits for a checker at most the check's timeout
     (1 s here), then answers 503 with Retry-After: nothing is wrong with it."""
-    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
-    rng = random.Random(13)
-    text = "".join(rng.choice("ab") for _ in range(1_700_000))
-    thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in range(31, 51)]
+    server: ServerProcess = start_server(env=ONE_SECOND_CHECKS)
+    text, thrashing = _thrashing(seed=13)
     with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
         create_json_stream(client, stream_path)
         assert register(client, stream_path, {"t": {"anyOf": thrashing}}).status_code == 201
@@ -410,10 +418,8 @@ def test_a_registration_over_a_history_too_costly_to_check_is_refused_meanwhile_
     its own now, within the check's deadline: past it, the registration is refused (400,
     nothing registered), and the worker answers another client meanwhile. A history that
     checks in time registers, its refused events counted as before."""
-    server: ServerProcess = start_server(env={"DS_STATE__CHECK_TIMEOUT_SECS": "1"})
-    rng = random.Random(11)
-    text = "".join(rng.choice("ab") for _ in range(1_700_000))
-    thrashing = [{"pattern": f"a[ab]{{{n}}}c"} for n in range(31, 51)]
+    server: ServerProcess = start_server(env=ONE_SECOND_CHECKS)
+    text, thrashing = _thrashing(seed=11)
     with httpx.Client(base_url=server.base_url, timeout=STALLED_SECS) as client:
         create_json_stream(client, stream_path)
         append_ok(client, stream_path, [change("t", "k", text)])

@@ -52,6 +52,34 @@ def caught_up(pg: psycopg.Connection[Any], path: str) -> bool:
     return sink["applied_seq"] == sink["tail"]
 
 
+def sink_messages(
+    client: httpx.Client,
+    pg: psycopg.Connection[Any],
+    database_url: str,
+    path: str,
+    messages: list[Any],
+    table_ddl: str,
+    *maps: str,
+) -> None:
+    """A JSON stream of ``messages`` at ``path``, a table made by ``table_ddl``, and an append
+    sink of one into the other (its ``--map`` options ``maps``), caught up."""
+    assert client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps(messages)).is_success
+    pg.execute(table_ddl)
+    table = table_ddl.split()[2]
+    options = [option for column in maps for option in ("--map", column)]
+    command_ok(database_url, "sink_stream", path, "--table", table, *options, "--wait")
+    wait_until(lambda: caught_up(pg, path), "the sink applies the stream")
+
+
+def sink_sqlstates(pg: psycopg.Connection[Any], path: str) -> list[tuple[str]]:
+    """The SQLSTATE of each message the sink of ``path`` recorded as a misfit, in stream order."""
+    return pg.execute(
+        "SELECT e.sqlstate FROM ds_sink_error AS e JOIN ds_stream_sink AS k ON k.id = e.sink_id"
+        " WHERE k.stream_path = %s ORDER BY e.seq",
+        [path],
+    ).fetchall()
+
+
 def stored_messages(pg: psycopg.Connection[Any], path: str) -> list[tuple[str, Any]]:
     """(offset, message) of every message of the stream, in stream order."""
     rows = pg.execute(
@@ -599,21 +627,14 @@ def test_values_past_an_index_are_skipped_not_retried(
         {"name": "".join(random.choices("abcdefghij", k=9000)), "ref": 2},
         {"name": "third", "ref": 3},
     ]
-    assert client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps(messages)).is_success
-    pg.execute(f"CREATE TABLE {table} (name text UNIQUE, ref int, stream_offset text)")
-    command_ok(
-        database_url, "sink_stream", path, "--table", table, "--map", "name::text",
-        "--map", "ref::int", "--wait",
+    sink_messages(
+        client, pg, database_url, path, messages,
+        f"CREATE TABLE {table} (name text UNIQUE, ref int, stream_offset text)",
+        "name::text", "ref::int",
     )  # fmt: skip
-    wait_until(lambda: caught_up(pg, path), "the sink applies the stream")
     rows = pg.execute(f"SELECT name, ref FROM {table} ORDER BY stream_offset").fetchall()
     assert rows == [("first", 1), ("third", 3)]
-    errors = pg.execute(
-        "SELECT e.sqlstate FROM ds_sink_error AS e JOIN ds_stream_sink AS k ON k.id = e.sink_id"
-        " WHERE k.stream_path = %s ORDER BY e.seq",
-        [path],
-    ).fetchall()
-    assert errors == [("54000",)]
+    assert sink_sqlstates(pg, path) == [("54000",)]
 
 
 def test_a_table_and_its_stream_cannot_feed_each_other(
@@ -652,21 +673,14 @@ def test_fixed_length_columns_take_whole_values_or_record_a_misfit(
     path = f"tablesync/{unique('fixed')}"
     table = unique("fixed_sink")
     messages = [{"currency": "USD", "flags": "101"}, {"currency": "EURO", "flags": "110"}]
-    assert client.put(f"/v1/stream/{path}", headers=JSON, content=json.dumps(messages)).is_success
-    pg.execute(f"CREATE TABLE {table} (currency char(3), flags bit(3), stream_offset text)")
-    command_ok(
-        database_url, "sink_stream", path, "--table", table, "--map", "currency::character",
-        "--map", "flags::bit", "--wait",
+    sink_messages(
+        client, pg, database_url, path, messages,
+        f"CREATE TABLE {table} (currency char(3), flags bit(3), stream_offset text)",
+        "currency::character", "flags::bit",
     )  # fmt: skip
-    wait_until(lambda: caught_up(pg, path), "the sink applies the stream")
     rows = pg.execute(f"SELECT currency, flags::text FROM {table}").fetchall()
     assert rows == [("USD", "101")]
-    errors = pg.execute(
-        "SELECT e.sqlstate FROM ds_sink_error AS e JOIN ds_stream_sink AS k ON k.id = e.sink_id"
-        " WHERE k.stream_path = %s",
-        [path],
-    ).fetchall()
-    assert errors == [("22001",)]
+    assert sink_sqlstates(pg, path) == [("22001",)]
 
 
 def test_an_upsert_sink_keyed_by_a_fixed_length_column_deletes_its_rows(
@@ -699,12 +713,9 @@ def test_an_upsert_sink_keyed_by_a_fixed_length_column_deletes_its_rows(
     assert pg.execute(f"SELECT code, name FROM {table}").fetchall() == [("FRA", "France")]
 
     domain, other, other_path = unique("code3"), unique("domain_sink"), f"{path}-domain"
-    messages = [{"code": "USD"}, {"code": "EURO"}]
-    assert client.put(
-        f"/v1/stream/{other_path}", headers=JSON, content=json.dumps(messages)
-    ).is_success
     pg.execute(f"CREATE DOMAIN {domain} AS varchar(3)")
-    pg.execute(f"CREATE TABLE {other} (code {domain}, stream_offset text)")
-    command_ok(database_url, "sink_stream", other_path, "--table", other, "--map", "code", "--wait")
-    wait_until(lambda: caught_up(pg, other_path), "the sink applies the stream")
+    sink_messages(
+        client, pg, database_url, other_path, [{"code": "USD"}, {"code": "EURO"}],
+        f"CREATE TABLE {other} (code {domain}, stream_offset text)", "code",
+    )  # fmt: skip
     assert pg.execute(f"SELECT code FROM {other}").fetchall() == [("USD",)]
