@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -71,7 +72,8 @@ class KeyRecord:
 class Credential:
     key: str | None = None  # an API key, "<prefix>.<secret>"
     token: str | None = None  # a JWT
-    signed: tuple[str, Grant] | None = None  # a signed URL: the key id and its read grant
+    # A signed URL: the key id, its read grant and its expiry (Unix seconds).
+    signed: tuple[str, Grant, int] | None = None
 
     @property
     def key_id(self) -> str | None:
@@ -128,8 +130,11 @@ def credential_of(authorization: str | None, query: dict[str, list[str]]) -> Cre
     return Credential(signed=signed) if signed is not None else None
 
 
-async def authenticate(authorization: str | None, query: dict[str, list[str]]) -> Principal:
-    """The principal of a request of the lean endpoints (async: the event loop)."""
+async def authenticate(
+    authorization: str | None, query: dict[str, list[str]], *, rate_limited: bool = True
+) -> Principal:
+    """The principal of a request of the lean endpoints (async: the event loop). Not
+    ``rate_limited``: a request judged again (``Standing``) is not counted again."""
     try:
         credential = credential_of(authorization, query)
         if credential is None:
@@ -145,7 +150,7 @@ async def authenticate(authorization: str | None, query: dict[str, list[str]]) -
             principal = tokens.cached(credential.token)
             if principal is None:
                 principal = await asyncio.to_thread(tokens.verify, credential.token)
-        return _conclude(credential, record, principal)
+        return _conclude(credential, record, principal, rate_limited=rate_limited)
     except Unauthorized:
         if open_mode():
             return OPEN
@@ -173,14 +178,19 @@ def authenticate_sync(authorization: str | None, query: dict[str, list[str]]) ->
 
 
 def _conclude(
-    credential: Credential, record: KeyRecord | Any | None, principal: Principal | None
+    credential: Credential,
+    record: KeyRecord | Any | None,
+    principal: Principal | None,
+    *,
+    rate_limited: bool = True,
 ) -> Principal:
     if credential.token is not None:
         assert principal is not None
     else:
         principal = _key_principal(credential, record)
-    if principal.rate_limit is not None:
-        ratelimit.take(principal.label or "", principal.rate_limit)
+    if principal.rate_limit is not None and rate_limited:
+        # Per key: its signed URLs count against the key's own limit (only keys have one).
+        ratelimit.take(f"key:{principal.id}", principal.rate_limit)
     return replace(principal, unrestricted=True) if open_mode() else principal
 
 
@@ -198,17 +208,20 @@ def _key_principal(credential: Credential, record: KeyRecord | None) -> Principa
         raise _refused("this API key was revoked")
     if record.expires_at is not None and record.expires_at.timestamp() <= time.time():
         raise _refused("this API key has expired")
+    expires_at = record.expires_at.timestamp() if record.expires_at is not None else None
     principal = Principal(
         "key", id=record.prefix, name=record.name, grants=record.grants,
         rate_limit=float(record.rate_limit) if record.rate_limit else None,
+        expires_at=expires_at,
     )  # fmt: skip
     if credential.signed is None:
         return principal
     # A signed URL reads only what it names, and only while its key may read that.
-    _, grant = credential.signed
+    _, grant, signed_until = credential.signed
     if not principal.allows(grant.prefix, Operation.READ):
         raise _refused("the key that signed this URL may no longer read what it covers")
-    return replace(principal, kind="signed-url", grants=(grant,))
+    until = float(signed_until) if expires_at is None else min(expires_at, signed_until)
+    return replace(principal, kind="signed-url", grants=(grant,), expires_at=until)
 
 
 def _refused(message: str) -> Unauthorized:
@@ -409,3 +422,34 @@ def listen_for_changes() -> None:
 
     hub.add_handler("auth", forget)
     hub.add_reconnect_hook(forget)
+
+
+class Standing:
+    """The credential of a request that goes on answering long after it was authenticated (a
+    live read), judged again where the request is about to hand out more: a key revoked, or
+    its grants changed, since the request began stops it within the change's notification
+    (``forget``), and an expired key, signed URL or token stops it once its time has passed.
+
+    ``judge`` authenticates the request's credentials again, as its endpoint did at first;
+    without it, only the expiry is checked. Judging again costs nothing until keys change
+    (then one lookup per key, shared by its requests: ``_lookup``)."""
+
+    __slots__ = ("_generation", "_judge", "principal")
+
+    def __init__(
+        self, principal: Principal, judge: Callable[[], Awaitable[Principal]] | None
+    ) -> None:
+        self.principal = principal
+        self._judge = judge
+        self._generation = _generation
+
+    async def require(self, resource: str, operation: Operation) -> None:
+        """As ``Principal.require``, for the credential as it stands now: 401 when it was
+        revoked or has expired, 403 when its grants no longer cover ``resource``."""
+        if self._judge is not None and self._generation != _generation:
+            self._generation = _generation
+            self.principal = await self._judge()
+        expires_at = self.principal.expires_at
+        if expires_at is not None and expires_at <= time.time():
+            raise _refused("the credentials of this request have expired")
+        self.principal.require(resource, operation)

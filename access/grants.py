@@ -87,6 +87,9 @@ class Principal:
     unrestricted: bool = False
     # Key of the rate limit this principal counts against, and its requests per second.
     rate_limit: float | None = field(default=None, compare=False)
+    # When its credential stops being valid (Unix seconds: the expiry of a key or a signed
+    # URL, a token's ``exp``); None when it does not by itself.
+    expires_at: float | None = field(default=None, compare=False)
 
     @property
     def authenticated(self) -> bool:

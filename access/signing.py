@@ -62,9 +62,9 @@ def query_string(params: dict[str, str]) -> str:
     return urlencode(params)
 
 
-def verify(query: dict[str, list[str]]) -> tuple[str, Grant] | None:
-    """The key id and the read grant a signed URL carries; None when the query is not signed.
-    401 when it is signed wrongly or has expired."""
+def verify(query: dict[str, list[str]]) -> tuple[str, Grant, int] | None:
+    """The key id, the read grant and the expiry (Unix seconds) a signed URL carries; None
+    when the query is not signed. 401 when it is signed wrongly or has expired."""
     if SIGNATURE not in query:
         return None
     values = {}
@@ -83,7 +83,7 @@ def verify(query: dict[str, list[str]]) -> tuple[str, Grant] | None:
         raise _refused("the signed URL's signature does not match")
     if expires <= time.time():
         raise _refused("the signed URL has expired")
-    return values[KEY], Grant(values[SCOPE], frozenset({Operation.READ}), exact=exact)
+    return values[KEY], Grant(values[SCOPE], frozenset({Operation.READ}), exact=exact), expires
 
 
 def _refused(message: str) -> Unauthorized:

@@ -65,6 +65,7 @@ def verify(token: str) -> Principal:
         id=str(claims["sub"]),
         name=str(claims.get("name") or claims["sub"]),
         grants=_grants(claims.get(settings.DS_AUTH_JWT_GRANTS_CLAIM)),
+        expires_at=float(claims["exp"]),
     )
     with _lock:
         if len(_verified) >= MAX_CACHED:

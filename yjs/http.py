@@ -11,6 +11,7 @@ compaction triggers, and the Yjs JSON error body.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -90,7 +91,7 @@ def error_response(error: ProtocolError) -> Response:
     return Response(error.status, headers, body)
 
 
-async def _principal(request: Request, service: str) -> Principal:
+async def _principal(request: Request, service: str, *, rate_limited: bool = True) -> Principal:
     """Who sends the request. A service with a secret (YJS_SERVICE_SECRETS) takes
     ``Bearer <secret>`` for everything on its documents; other credentials are judged as on
     every endpoint (in open mode, such a service still needs its secret)."""
@@ -99,7 +100,7 @@ async def _principal(request: Request, service: str) -> Principal:
     if secret and hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
         everything = frozenset(Operation)
         return Principal("service", id=service, grants=(Grant(f"yjs/{service}/", everything),))
-    principal = await authenticate(given or None, request.query)
+    principal = await authenticate(given or None, request.query, rate_limited=rate_limited)
     if secret and principal.kind == "open":
         raise YjsError(
             401,
@@ -116,6 +117,7 @@ async def _handle(
     request = request_for(scope, receive, path="")
     doc = parse_doc_url(request.raw_path)
     request.principal = await _principal(request, doc.service)
+    request.reauthenticate = functools.partial(_principal, request, doc.service, rate_limited=False)
     request.resource = doc_resource(doc.service, doc.doc_path)
     # One check for everything a method does to a document or its awareness (the base
     # protocol's services check again, at no cost, what they are asked).

@@ -27,6 +27,7 @@ from state.services import (
     unregister_state_stream,
 )
 from streams.errors import BadRequest, NotFound
+from streams.http.request import check_stream_path
 
 
 class StateStreamList(generics.ListAPIView):
@@ -47,7 +48,7 @@ class StateStreamList(generics.ListAPIView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = RegistrationRequestSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        path = payload.validated_data["stream"]
+        path = check_stream_path(payload.validated_data["stream"])
         principal = principal_of(request)
         principal.require(stream_resource(path), Operation.MANAGE)
         data = payload.validated_data
@@ -72,7 +73,7 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
     serializer_class = StateStreamSerializer
 
     def get_object(self) -> StateStream:
-        path = self.kwargs["stream"]
+        path = check_stream_path(self.kwargs["stream"])
         principal_of(self.request).require(stream_resource(path), Operation.READ)
         # Catch up first: report where the state is now, not before the last append.
         caught_up = catch_up_state_stream(path=path)
@@ -83,7 +84,7 @@ class StateStreamDetail(generics.RetrieveDestroyAPIView):
         return registration
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        path = self.kwargs["stream"]
+        path = check_stream_path(self.kwargs["stream"])
         principal_of(request).require(stream_resource(path), Operation.MANAGE)
         unregister_state_stream(path=path)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -108,6 +109,7 @@ class EntityList(generics.ListAPIView):
         path = request.query_params.get("stream")
         if not path:
             raise BadRequest("the stream query parameter is required")
+        path = check_stream_path(path)
         principal_of(request).require(stream_resource(path), Operation.READ)
         # Read-your-writes: reflect every acknowledged append.
         caught_up = catch_up_state_stream(path=path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -187,7 +188,11 @@ async def _handle_stream(
     scope: Scope, receive: Receive, send: ResponseSender, origin: str | None
 ) -> Response | None:
     request = build_request(scope, receive, handlers.STREAM_ROUTE)
-    request.principal = await authenticate(request.header("authorization"), request.query)
+    authorization = request.header("authorization")
+    request.principal = await authenticate(authorization, request.query)
+    request.reauthenticate = functools.partial(
+        authenticate, authorization, request.query, rate_limited=False
+    )
     if request.method == "GET":
         return await handle_get(request, send, origin)
     if request.path in READ_ONLY_PATHS and request.method in ("PUT", "POST", "DELETE"):

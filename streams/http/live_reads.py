@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
+from access.auth import Standing
+from access.grants import Operation, stream_resource
 from streams import services
 from streams.errors import BadRequest, ProtocolError
 from streams.http import render
@@ -33,9 +35,18 @@ def _start(request: Request) -> ReadStart:
     return parse_read_offset(request.query["offset"])
 
 
+def _standing(request: Request) -> Standing:
+    return Standing(request.principal, request.reauthenticate)
+
+
+def _resource(request: Request) -> str:
+    return request.resource or stream_resource(request.path)
+
+
 async def long_poll(request: Request) -> Response:
     """GET with ``live=long-poll`` (PROTOCOL.md 5.7)."""
     cursor = cursors.next_cursor(request.query_value("cursor"))
+    standing = _standing(request)
     meta, result = await services.long_poll(
         path=request.path,
         principal=request.principal,
@@ -43,6 +54,8 @@ async def long_poll(request: Request) -> Response:
         resource=request.resource,
     )
     if result is not None:
+        # Its key may have been revoked, or its credentials have expired, while it waited.
+        await standing.require(_resource(request), Operation.READ)
         return render.data(meta, result, cursor=cursor)
     # A timeout, or closed at the reader's offset (then without a cursor: PROTOCOL.md 5.7).
     return render.at_tail(meta, 204, cursor=cursor)
@@ -82,17 +95,23 @@ async def server_sent_events(request: Request, send: ResponseSender, origin: str
                 message = {"type": "http.response.body", "body": block, "more_body": True}
                 await send(message, until=session.ends_at)
 
-        session = SseSession(meta, first.start, emit, base64_data, request.query_value("cursor"))
-        # Deleted or expired while followed, or the database gone: the event stream just ends
-        # (the client reconnects from its last offset).
+        session = SseSession(
+            meta, first.start, emit, base64_data, request.query_value("cursor"),
+            access=(_standing(request), _resource(request)),
+        )  # fmt: skip
+        # Deleted or expired while followed, the database gone, or the credentials revoked or
+        # expired: the event stream just ends (the client reconnects from its last offset, and
+        # is answered as its credentials are then).
         with contextlib.suppress(ProtocolError):
             await session.run(subscription, first)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class SseSession:
-    """One SSE connection: catch up, then follow, until the stream closes, goes away, or the
-    reconnect interval ends the connection (PROTOCOL.md 10.2)."""
+    """One SSE connection: catch up, then follow, until the stream closes, goes away, the
+    reconnect interval ends the connection (PROTOCOL.md 10.2), or its credentials stop being
+    valid (revoked: judged again before each event and keep-alive; expired: the connection
+    ends then)."""
 
     def __init__(
         self,
@@ -101,14 +120,20 @@ class SseSession:
         emit: Callable[[bytes], Awaitable[None]],
         base64_data: bool,
         client_cursor: str | None,
+        *,
+        access: tuple[Standing, str],
     ) -> None:
         self.meta = meta
         self.offset = offset
         self.emit = emit
         self.base64_data = base64_data
         self.client_cursor = client_cursor
+        self.standing, self.resource = access
         interval = settings.DS_SSE_RECONNECT_INTERVAL_SECS
         self.ends_at = time.monotonic() + interval if interval > 0 else float("inf")
+        expires_at = self.standing.principal.expires_at
+        if expires_at is not None:
+            self.ends_at = min(self.ends_at, time.monotonic() + expires_at - time.time())
 
     async def run(self, subscription: Subscription, result: ReadResult) -> None:
         """Follow the stream from ``result``, the read made (armed) before the response began."""
@@ -144,6 +169,7 @@ class SseSession:
                     return
             subscription.arm()
             self.meta, result = await services.next_read(self.meta, self.offset, EVENT_READ_BYTES)
+            await self.standing.require(self.resource, Operation.READ)
 
     async def _wait(self, subscription: Subscription) -> bool:
         """Wait for a change; False when the connection should end (the reconnect interval
@@ -158,6 +184,7 @@ class SseSession:
                 return True
             if subscription.ended or time.monotonic() >= self.ends_at:
                 return False
+            await self.standing.require(self.resource, Operation.READ)
             await self.emit(sse.COMMENT_KEEPALIVE)
 
     def _data(self, result: ReadResult) -> bytes:

@@ -49,6 +49,9 @@ class Request:
     # What access control calls the target when it is not the stream at ``path`` (a Yjs
     # document: ``access.grants``).
     resource: str | None = None
+    # How the endpoint authenticates the request, to judge its credentials again while it
+    # goes on answering (a live read: ``access.auth.Standing``); None: judged once.
+    reauthenticate: Callable[[], Awaitable[Principal]] | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
