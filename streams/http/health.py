@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -29,7 +30,13 @@ from streams.http.responses import Response, error_response, send_response
 from streams.live import hub
 from streams.store.pool import conninfo, get_pool
 
+logger = logging.getLogger(__name__)
+
 PROBE_TIMEOUT_SECS = 2.0
+# How long a readiness verdict is reused (seconds), and the probe that made it (readiness).
+READY_REUSE_SECS = 1.0
+_probe: asyncio.Future[tuple[int, dict[str, Any]]] | None = None
+_probed_at = 0.0
 # The resource a grant names to read the metrics (access.grants).
 METRICS_RESOURCE = "metrics"
 
@@ -47,6 +54,20 @@ async def health_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def readiness() -> tuple[int, dict[str, Any]]:
+    """The verdict of one probe at a time per process, reused for ``READY_REUSE_SECS`` from
+    its start: ``/readyz`` needs no credentials, and a probe opens a database connection of
+    its own (a client asking a thousand times at once opened a thousand)."""
+    global _probe, _probed_at
+    probe = _probe
+    stale = time.monotonic() - _probed_at > READY_REUSE_SECS
+    if probe is None or (probe.done() and (stale or probe.cancelled() or probe.exception())):
+        probe = _probe = asyncio.ensure_future(_probe_parts())
+        _probed_at = time.monotonic()
+    # Shielded: a client that leaves does not cancel the others' probe.
+    return await asyncio.shield(probe)
+
+
+async def _probe_parts() -> tuple[int, dict[str, Any]]:
     checks = dict(
         zip(
             ("database", "pool", "listen"),
@@ -68,7 +89,7 @@ async def _database() -> str:
             async with conn:
                 await conn.execute("SELECT 1")
     except (TimeoutError, psycopg.Error) as exc:
-        return f"failing: {str(exc).strip()[:200] or type(exc).__name__}"
+        return _failing("database", exc)
     return "ok"
 
 
@@ -78,8 +99,15 @@ async def _pool() -> str:
         async with pool.connection(timeout=PROBE_TIMEOUT_SECS) as conn:
             await conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        return f"failing: {str(exc).strip()[:200] or type(exc).__name__}"
+        return _failing("pool", exc)
     return "ok"
+
+
+def _failing(part: str, exc: BaseException) -> str:
+    """What a failing part says: the kind of error, its message only in the log (anyone may
+    ask ``/readyz``, and a connection error names the database's host and port)."""
+    logger.warning("readiness: %s failing: %s", part, str(exc).strip()[:500])
+    return f"failing: {type(exc).__name__}"
 
 
 async def _listen() -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.conftest import ServerProcess
 
@@ -156,3 +158,31 @@ def test_a_connection_that_never_sends_a_byte_is_closed(start_server: Any) -> No
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_readiness_probes_share_one_database_connection(
+    server: ServerProcess, pg: psycopg.Connection[Any]
+) -> None:
+    """``/readyz`` needs no credentials, and each probe opened a database connection of its
+    own: 300 probes at once opened about 300 (PostgreSQL's connection slots are what every
+    other client needs). Probes at the same time share one, and a verdict is reused for a
+    second."""
+
+    def sessions() -> int:
+        pg.execute("SELECT pg_stat_clear_snapshot()")
+        row = pg.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = sessions()
+    limits = httpx.Limits(max_connections=60)
+    with httpx.Client(timeout=30, limits=limits) as http, ThreadPoolExecutor(60) as pool:
+        statuses = list(
+            pool.map(lambda _: http.get(f"{server.base_url}/readyz").status_code, range(300))
+        )
+    assert statuses == [200] * 300
+    time.sleep(1.5)  # sessions are counted when they end
+    opened = sessions() - before
+    assert opened <= 15, opened
