@@ -16,6 +16,7 @@ from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Length
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -23,7 +24,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from streams.models import Message, Producer, Stream, StreamQuerySet
-from streams.preview import preview
+from streams.preview import preview, stored_head
 from streams.protocol.headers import MAX_SAFE_INTEGER, MAX_TTL_SECONDS, media_type
 from streams.protocol.offsets import Offset
 
@@ -40,6 +41,25 @@ class _KnownCountPaginator(Paginator):
     @property
     def count(self) -> int:
         return self._known_count
+
+
+def bounded_filter(field: str, limit: int = 200) -> type[admin.SimpleListFilter]:
+    """A list filter of the values of ``field``, a column whose values clients choose (a
+    content type, a Yjs service): the first ``limit`` of them by value, where Django's own
+    lists every distinct value (5,000 content types made each page of streams 2.7 MB)."""
+
+    class BoundedFilter(admin.SimpleListFilter):
+        title = field.replace("_", " ")
+        parameter_name = field
+
+        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            values = model_admin.model.objects.order_by(field).values_list(field, flat=True)
+            return [(value, value) for value in values.distinct()[:limit]]
+
+        def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+            return queryset.filter(**{field: self.value()}) if self.value() else queryset
+
+    return BoundedFilter
 
 
 class ExpiredFilter(admin.SimpleListFilter):
@@ -127,7 +147,7 @@ class StreamAdmin(ReadOnlyAdmin):
         "deleted",
         "created_at",
     ]
-    list_filter = ["content_type", "closed", ExpiredFilter, ForkedFilter]
+    list_filter = [bounded_filter("content_type"), "closed", ExpiredFilter, ForkedFilter]
     search_fields = ["path"]
     ordering = ["path"]
     list_per_page = 100
@@ -296,9 +316,14 @@ class StreamAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request, stream):
             return HttpResponse(status=403)
         # Retained messages only: trimmed rows may linger until they are purged.
-        rows = Message.objects.filter(
-            stream_id=stream.pk, seq__gte=stream.first_seq, seq__lt=stream.next_seq
-        ).order_by("seq")
+        rows = (
+            Message.objects.filter(
+                stream_id=stream.pk, seq__gte=stream.first_seq, seq__lt=stream.next_seq
+            )
+            .annotate(size=Length("data"), head=stored_head("data"))
+            .defer("data")
+            .order_by("seq")
+        )
         # Compacted history has gaps: then the count is counted.
         count = rows.count() if stream.compacted_seq > stream.first_seq else None
         page = _KnownCountPaginator(
@@ -309,8 +334,8 @@ class StreamAdmin(ReadOnlyAdmin):
             {
                 "seq": message.seq,
                 "offset": str(Offset(message.seq, message.pos)),
-                "size": len(message.data),
-                "preview": preview(bytes(message.data), stream_media_type),
+                "size": message.size,
+                "preview": preview(bytes(message.head), stream_media_type),
             }
             for message in page.object_list
         ]

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from streams.admin import ReadOnlyAdmin
+from streams.admin import ReadOnlyAdmin, bounded_filter
 from yjs.compaction import (
     Compaction,
     CompactionFailure,
@@ -46,7 +46,7 @@ class CompactionFailedFilter(admin.SimpleListFilter):
 class YjsDocumentAdmin(ReadOnlyAdmin):
     list_display = ["path", "service", "since_snapshot", "snapshot_offset", "snapshot_time",
                     "compactions", "compaction_failed_at", "created_at"]  # fmt: skip
-    list_filter = ["service", CompactionFailedFilter]
+    list_filter = [bounded_filter("service"), CompactionFailedFilter]
     search_fields = ["path"]
     list_select_related = ["stream", "snapshot"]
     ordering = ["service", "path"]
