@@ -20,13 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 
-from streams.errors import ProtocolError
+from streams.errors import Forbidden, ProtocolError
 
 VIEW = "streams.view_stream"
 APPEND = "console.append_messages"
@@ -67,8 +66,9 @@ def _staff(user: Any) -> bool:
     return bool(user.is_active and user.is_staff)
 
 
-def _denied(permission: str) -> PermissionDenied:
-    return PermissionDenied(f"the console needs the {permission} permission")
+def _denied(request: HttpRequest, permission: str, page: bool) -> HttpResponse:
+    error = Forbidden(f"the console needs the {permission} permission")
+    return refusal(request, error, page=page)
 
 
 def _secured(response: HttpResponse) -> HttpResponse:
@@ -93,7 +93,7 @@ def console_view(permission: str = VIEW, *, page: bool = True) -> Callable[[Any]
                 if not _staff(user):
                     return _secured(_signed_out(request, page))
                 if not await user.ahas_perm(permission):
-                    raise _denied(permission)
+                    return _secured(_denied(request, permission, page))
                 try:
                     response = await view(request, *args, **kwargs)
                 except ProtocolError as error:
@@ -107,7 +107,7 @@ def console_view(permission: str = VIEW, *, page: bool = True) -> Callable[[Any]
             if not _staff(request.user):
                 return _secured(_signed_out(request, page))
             if not request.user.has_perm(permission):
-                raise _denied(permission)
+                return _secured(_denied(request, permission, page))
             try:
                 response = view(request, *args, **kwargs)
             except ProtocolError as error:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -23,7 +23,7 @@ from console.access import APPEND, console_view, refusal
 from console.forms import AppendMessage, EntityFilters, OlderMessages, StreamFilters, errors_text
 from console.services import append_message
 from state.registry import REGISTRY_PATH
-from streams.errors import BadRequest, ProtocolError
+from streams.errors import BadRequest, NotFound, ProtocolError
 from streams.http.request import MAX_PATH_BYTES
 from streams.protocol.offsets import Offset
 from yjs.compaction import bytes_since_snapshot
@@ -226,7 +226,7 @@ def state_detail(request: HttpRequest, path: str) -> HttpResponse:
     _check_path(path)
     view = selectors.stream_view(path)
     if view.registration is None:
-        raise Http404("not a state stream")
+        raise NotFound("not a state stream")
     form = EntityFilters(request.GET)
     context = {
         "view": view,
@@ -259,13 +259,14 @@ def entities(request: HttpRequest, path: str) -> HttpResponse:
 def _entities_context(view: selectors.StreamView, form: EntityFilters) -> dict[str, Any]:
     registration = selectors.caught_up_registration(view.stream)
     filters = form.cleaned_data if form.is_valid() else {}
-    groups = selectors.entity_groups(
+    groups, types = selectors.entity_groups(
         view.stream.pk, type_=filters.get("type") or "", key=filters.get("key") or ""
     )
     return {
         "registration": registration,
         "groups": groups,
         "per_type": selectors.ENTITIES_PER_TYPE,
+        "types_not_shown": types - len(groups),
     }
 
 

@@ -249,6 +249,46 @@ def test_pages_carry_security_headers(superuser: httpx.Client) -> None:
         assert "'unsafe-inline'" not in policy
 
 
+def test_refusals_carry_the_security_headers_and_speak_json_to_scripts(
+    superuser: httpx.Client,
+) -> None:
+    """A missing stream, state stream or document was Django's own 404 page (probe 7d): no
+    Content-Security-Policy, no Cache-Control, and HTML where the pages' scripts read JSON."""
+    missing = unique("missing")
+    for url, page in (
+        (f"/console/stream/{missing}", True),
+        (f"/console/state/{missing}", True),
+        (f"/console/yjs/esc/{missing}", True),
+        (f"/console/messages/{missing}?before=0000000000000000_0000000000000000", False),
+    ):
+        response = superuser.get(url)
+        assert response.status_code == 404, url
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"], url
+        assert "no-store" in response.headers["Cache-Control"], url
+        if not page:
+            assert response.json()["code"] == "NOT_FOUND", url
+
+
+def test_the_state_page_shows_a_bounded_number_of_entity_types(
+    superuser: httpx.Client, api: httpx.Client
+) -> None:
+    """A writer chooses entity types: the page showed every one (5,000 made a page of 2 MB
+    that took 3.5 s to build, again after each append). It shows the first 50 by name and
+    says how many more there are."""
+    path = unique("types")
+    assert api.put(f"/v1/stream/{path}", headers=JSON).status_code == 201
+    assert api.post("/v1/state/streams", json={"stream": path, "schemas": {}}).is_success
+    events = [change(f"type-{n:03}", "k", {"n": n}) for n in range(60)]
+    assert api.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps(events)).is_success
+    fragment = superuser.get(f"/console/entities/{path}")
+    assert fragment.status_code == 200
+    assert fragment.text.count('class="panel entity-type"') == 50
+    assert 'data-type="type-049"' in fragment.text and 'data-type="type-050"' not in fragment.text
+    assert "10 more entity types not shown" in fragment.text
+    one = superuser.get(f"/console/entities/{path}", params={"type": "type-059"})
+    assert one.text.count('class="panel entity-type"') == 1 and "more entity" not in one.text
+
+
 # -- signed read URLs --------------------------------------------------------------------------
 
 
