@@ -79,8 +79,10 @@ class JsonFormatter(logging.Formatter):
 
 # Characters a client may get into a message (a path decoded from its percent-encoding, a
 # header) that would let it write lines of its own into the log: a newline, then a forged line;
-# a carriage return or a terminal escape hiding what came before (found by a probe).
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\\]")
+# a carriage return or a terminal escape hiding what came before (found by a probe); a
+# bidirectional control (U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069) showing the rest
+# of the line in another order than it was written (probe 7d).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\\]")
 
 
 def printable(text: str) -> str:

@@ -142,10 +142,11 @@ def test_signed_urls_are_minted_only_for_valid_stream_paths(
 def test_a_path_cannot_write_lines_into_the_log(server: ServerProcess) -> None:
     """The request line logged the decoded path as it came: ``%0a`` began a forged line (with
     a request id and a status of the sender's choosing), ``%0d`` and terminal escapes hid
-    what came before."""
+    what came before; and (probe 7d) a right-to-left override or isolate showed the rest of
+    its line reversed."""
     forged = "2026-01-01 00:00:00,000 INFO ds.request [deadbeef]: DELETE /v1/stream/b 204"
     for prefix in ("/v1/stream/x", "/console/x"):
-        path = f"{prefix}%0a{forged.replace(' ', '%20')}%0d%1b[2J%00"
+        path = f"{prefix}%0a{forged.replace(' ', '%20')}%0d%1b[2J%00%E2%80%AEdrow%E2%81%A6"
         with httpx.Client() as client:
             client.get(server.base_url + path)
     deadline = time.monotonic() + 10
@@ -154,7 +155,9 @@ def test_a_path_cannot_write_lines_into_the_log(server: ServerProcess) -> None:
         time.sleep(0.1)
     lines = server.log_path.read_text(errors="replace").splitlines()
     assert not [line for line in lines if line.startswith("2026-01-01")]
-    assert not [line for line in lines if re.search(r"[\x00\x1b\r]", line)]
+    assert not [
+        line for line in lines if re.search(r"[\x00\x1b\r\u202a-\u202e\u2066-\u2069]", line)
+    ]
     assert [line for line in lines if "/v1/stream/x\\n2026-01-01" in line]
 
 
