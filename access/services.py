@@ -23,8 +23,12 @@ def create_key(
     expires_at: datetime | None = None,
     rate_limit: int | None = None,
 ) -> tuple[ApiKey, str]:
-    """A new key and its plaintext (shown once: only its hash is stored)."""
-    user = get_user_model().objects.get(username=owner) if owner else None
+    """A new key and its plaintext (shown once: only its hash is stored). ValueError for a
+    name, grant or rate the tables cannot hold, or an owner who does not exist."""
+    _check_key(name, grants, rate_limit)
+    user = get_user_model().objects.filter(username=owner).first() if owner else None
+    if owner and user is None:
+        raise ValueError(f"there is no user {owner!r}")
     created, plaintext = ApiKey.objects.create_key(
         name=name, owner=user, expiry_date=expires_at, rate_limit=rate_limit
     )
@@ -39,6 +43,18 @@ def create_key(
             manage=Operation.MANAGE in rule.operations,
         )
     return key, plaintext
+
+
+def _check_key(name: str, grants: list[GrantRule], rate_limit: int | None) -> None:
+    longest_name = ApiKey._meta.get_field("name").max_length or 0
+    if not name or len(name) > longest_name:
+        raise ValueError(f"a key's name is 1 to {longest_name} characters")
+    longest_prefix = Grant._meta.get_field("prefix").max_length or 0
+    for rule in grants:
+        if len(rule.prefix) > longest_prefix:
+            raise ValueError(f"a grant's prefix is at most {longest_prefix} characters")
+    if rate_limit is not None and rate_limit < 0:
+        raise ValueError("a rate limit is a number of requests per second, 0 or more")
 
 
 def revoke_key(prefix: str) -> ApiKey:

@@ -29,17 +29,16 @@ class Command(BaseCommand):
         parser.add_argument("--rate-limit", type=int, metavar="PER_SECOND")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            grants = [Grant.parse(text) for text in options["grant"]]
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
         expires = options["expires_in"]
-        key, plaintext = create_key(
-            name=options["name"],
-            grants=grants,
-            owner=options["owner"],
-            expires_at=datetime.now(UTC) + timedelta(seconds=expires) if expires else None,
-            rate_limit=options["rate_limit"],
-        )
+        try:
+            key, plaintext = create_key(
+                name=options["name"],
+                grants=[Grant.parse(text) for text in options["grant"]],
+                owner=options["owner"],
+                expires_at=datetime.now(UTC) + timedelta(seconds=expires) if expires else None,
+                rate_limit=options["rate_limit"],
+            )
+        except (ValueError, OverflowError) as exc:  # OverflowError: an expiry past year 9999
+            raise CommandError(str(exc)) from None
         self.stderr.write(f"Created key {key.prefix} ({key.name}); store it now, it is shown once:")
         self.stdout.write(plaintext)
