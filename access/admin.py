@@ -7,6 +7,7 @@ from rest_framework_api_key.admin import APIKeyModelAdmin
 from rest_framework_api_key.models import APIKey
 
 from access.models import ApiKey, Grant
+from streams.admin import CheckedSelectionAdmin
 
 # The library's own concrete model is unused: this project's keys are ApiKey.
 admin.site.unregister(APIKey)
@@ -19,7 +20,7 @@ class GrantInline(admin.TabularInline):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(APIKeyModelAdmin):
+class ApiKeyAdmin(CheckedSelectionAdmin, APIKeyModelAdmin):
     list_display = (
         "prefix", "name", "owner", "created", "expiry_date", "_has_expired", "revoked",
         "rate_limit", "grant_list",

@@ -19,7 +19,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from streams.admin import ReadOnlyAdmin
+from streams.admin import CheckedSelectionAdmin, ReadOnlyAdmin
 from streams.errors import ProtocolError
 from streams.models import Stream
 from tablesync import publish, sinks
@@ -32,7 +32,7 @@ def _label(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
-class CreatedByServiceAdmin(admin.ModelAdmin):
+class CreatedByServiceAdmin(CheckedSelectionAdmin):
     """An admin whose rows are made by a service called from the add form (``create_form``,
     showing ``create_fields``) and never edited: an existing row shows ``readonly_fields``."""
 

@@ -320,3 +320,32 @@ def test_the_stream_list_filters_by_a_bounded_number_of_content_types(
         "/admin/streams/stream/", params={"content_type": f"text/plain; variant=v{stamp}-7"}
     )
     assert f"admin/types-{stamp}/7<" in one.text and f"admin/types-{stamp}/8<" not in one.text
+
+
+def test_actions_refuse_a_selection_that_names_no_object(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    """An action posted with an id that is not one (``x``, a NUL) was a 500
+    with a traceback (probe 7d): Django passes the ids to the query as they come. It is
+    refused with a message, and nothing changes; a real id still works."""
+    for url, action, not_ids in (
+        ("/admin/streams/stream/", "delete_streams", ("x", "1\x00")),
+        ("/admin/subscriptions/subscription/", "pause", ("x", "1\x00")),
+        ("/admin/state/statestream/", "compact_now", ("x", "1\x00")),
+        ("/admin/access/apikey/", "delete_selected", ("k\x00",)),  # its ids are text
+    ):
+        listing = admin_client.get(url)
+        assert listing.status_code == 200, url
+        for bad in not_ids:
+            refused = run_action(admin_client, listing, action, bad)
+            assert refused.status_code == 200, (url, bad, refused.status_code)
+            assert '<li class="error">No ' in refused.text, (url, bad)
+        # Out of range: Django's query finds nothing.
+        assert run_action(admin_client, listing, action, "9" * 20).status_code == 200, url
+    path = f"admin/action-{time.time_ns()}"
+    client.put(f"/v1/stream/{path}", headers=TEXT)
+    listing = admin_client.get("/admin/streams/stream/", params={"q": path})
+    stream_id = re.search(r'href="/admin/streams/stream/(\d+)/change/', listing.text)
+    assert stream_id is not None
+    assert run_action(admin_client, listing, "delete_streams", stream_id.group(1)).is_success
+    assert client.head(f"/v1/stream/{path}").status_code == 404
