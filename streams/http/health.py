@@ -24,7 +24,7 @@ from django.conf import settings
 from access.auth import authenticate
 from access.grants import Operation
 from streams import metrics
-from streams.errors import ProtocolError
+from streams.errors import MethodNotAllowed, ProtocolError
 from streams.http.request import Receive, Scope, Send
 from streams.http.responses import Response, error_response, send_response
 from streams.live import hub
@@ -43,6 +43,9 @@ METRICS_RESOURCE = "metrics"
 
 async def health_app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
+        return
+    if _refused_method(scope):
+        await send_response(send, error_response(_READ_ONLY), None)
         return
     if scope["path"].rstrip("/") == "/readyz":
         status, body = await readiness()
@@ -120,8 +123,19 @@ async def _listen() -> str:
     return "ok"
 
 
+_READ_ONLY = MethodNotAllowed("only GET and HEAD", headers={"Allow": "GET, HEAD"})
+
+
+def _refused_method(scope: Scope) -> bool:
+    """Probes and metrics are read: other methods are 405 (they answered 200 to DELETE)."""
+    return scope["method"] not in ("GET", "HEAD")
+
+
 async def metrics_app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
+        return
+    if _refused_method(scope):
+        await send_response(send, error_response(_READ_ONLY), None)
         return
     headers = dict(scope.get("headers", []))
     authorization = headers.get(b"authorization")

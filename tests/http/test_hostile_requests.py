@@ -186,3 +186,15 @@ def test_readiness_probes_share_one_database_connection(
     time.sleep(1.5)  # sessions are counted when they end
     opened = sessions() - before
     assert opened <= 15, opened
+
+
+def test_probes_and_metrics_answer_only_reads(server: ServerProcess) -> None:
+    """``/healthz``, ``/readyz`` and ``/metrics`` answered 200 to DELETE and POST (probe 7d):
+    they are 405 with ``Allow``, and GET and HEAD answer as before."""
+    with httpx.Client(base_url=server.base_url, timeout=10) as http:
+        for url in ("/healthz", "/readyz", "/metrics"):
+            for method in ("DELETE", "POST", "PUT"):
+                refused = http.request(method, url)
+                assert refused.status_code == 405, (method, url)
+                assert refused.headers["Allow"] == "GET, HEAD"
+            assert http.get(url).status_code == 200 and http.head(url).status_code == 200
