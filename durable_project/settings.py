@@ -232,6 +232,10 @@ if DS_MAX_FORK_DEPTH < 1:
 DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000)
 # A request body's next part must arrive within this many seconds (408 otherwise).
 DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
+# Bytes of request bodies a process holds while they arrive, past which bodies larger than
+# 1 MiB are refused (503): a client sending large bodies slowly held them all
+# (streams.http.request).
+DS_ARRIVING_BODIES_BYTES = env.int("DS_HTTP__ARRIVING_BODIES_BYTES", default=512 * 1024**2)
 # A request's head (request line and headers) must be complete this many seconds after it began
 # (408 otherwise), and a connection's first request must begin within it (closed otherwise),
 # under the production command's protocol (durable_project.protocol).

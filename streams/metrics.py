@@ -200,6 +200,9 @@ CATCH_UP_BYTES = _metric("counter", "ds_catch_up_bytes", "Bytes of messages sent
 HELD_ANSWER_BYTES = _metric(
     "gauge", "ds_held_answer_bytes", "Bytes of answers being sent, held until clients take them"
 )
+ARRIVING_BODY_BYTES = _metric(
+    "gauge", "ds_arriving_body_bytes", "Bytes of request bodies held while they arrive"
+)
 LIVE_READERS = _metric("gauge", "ds_live_readers", "Live readers waiting or streaming", ("mode",))
 NOTIFY_LAG = _metric(
     "histogram", "ds_notify_lag_seconds",

@@ -16,7 +16,14 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from access.grants import ANONYMOUS, Principal
-from streams.errors import BadRequest, HeadersTooLarge, PayloadTooLarge, RequestTimeout
+from streams import metrics
+from streams.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    PayloadTooLarge,
+    RequestTimeout,
+    ServiceUnavailable,
+)
 from streams.protocol.headers import ascii_digits
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -69,31 +76,62 @@ class Request:
         return await read_body(self.receive, self.header("content-length"), limit)
 
 
+# Bytes of request bodies this process holds while they arrive (read_body), and the size up to
+# which a body is read whatever that total: small appends go on when large bodies fill it.
+_arriving = 0
+SMALL_BODY_BYTES = 1024 * 1024
+
+
 async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     """A request body of at most ``limit`` bytes (413 as soon as it is known to be larger),
     whose parts each arrive within ``DS_BODY_READ_TIMEOUT_SECS`` (408: a client that stops
-    sending must not hold the request open forever)."""
-    if content_length is not None and ascii_digits(content_length) and int(content_length) > limit:
+    sending must not hold the request open forever). A body past ``SMALL_BODY_BYTES`` is
+    refused (503, retry) while the bodies arriving in this process hold
+    ``DS_ARRIVING_BODIES_BYTES``: a client holding large bodies open, a byte within each
+    timeout, held them all (probe 7c: 24 bodies of 64 MiB, 1 GiB more per worker)."""
+    declared = int(content_length) if content_length and ascii_digits(content_length) else None
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    if declared is not None and declared > SMALL_BODY_BYTES:
+        _check_room(declared)
     chunks: list[bytes] = []
     size = 0
     timeout = settings.DS_BODY_READ_TIMEOUT_SECS
-    while True:
-        try:
-            async with asyncio.timeout(timeout):
-                message = await receive()
-        except TimeoutError:
-            raise RequestTimeout(f"no part of the request body arrived for {timeout:g}s") from None
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"no part of the request body arrived for {timeout:g}s"
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                if size + len(chunk) > limit:
+                    raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+                if size + len(chunk) > SMALL_BODY_BYTES:
+                    _check_room(len(chunk))
+                _count_arriving(len(chunk))
+                size += len(chunk)
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        _count_arriving(-size)
+
+
+def _check_room(more: int) -> None:
+    if _arriving + more > settings.DS_ARRIVING_BODIES_BYTES:
+        raise ServiceUnavailable("the server is receiving too many large request bodies")
+
+
+def _count_arriving(change: int) -> None:
+    global _arriving
+    _arriving += change
+    metrics.ARRIVING_BODY_BYTES.set(_arriving)
 
 
 _host_verdicts: dict[bytes | None, bool] = {}

@@ -198,3 +198,49 @@ def test_probes_and_metrics_answer_only_reads(server: ServerProcess) -> None:
                 assert refused.status_code == 405, (method, url)
                 assert refused.headers["Allow"] == "GET, HEAD"
             assert http.get(url).status_code == 200 and http.head(url).status_code == 200
+
+
+def test_large_bodies_arriving_slowly_are_bounded_per_process(start_server: Any) -> None:
+    """A client sending large bodies slowly (a byte within each body timeout) held every one
+    of them: 24 bodies of 64 MiB took a worker up by 1 GiB (probe 7c), and nothing bounded
+    the count. Past DS_HTTP__ARRIVING_BODIES_BYTES (8 MiB here), bodies over 1 MiB are refused
+    (503, Retry-After) and small ones still go through; when the held ones go, large bodies
+    are taken again."""
+    server = start_server(env={"DS_HTTP__ARRIVING_BODIES_BYTES": str(8 << 20)})
+    path = f"hostile/arriving-{time.time_ns()}"
+    url = f"/v1/stream/{path}"
+    assert httpx.put(server.base_url + url, headers={"Content-Type": "text/plain"}).is_success
+    head = (
+        f"POST {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {4 << 20}\r\n\r\n"
+    ).encode()
+    held = []
+    try:
+        for _ in range(2):  # 2 x 3 MiB of 4 MiB bodies arrive and stay
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            sock.sendall(head + b"h" * (3 << 20))
+            held.append(sock)
+        time.sleep(0.5)
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:
+            text = {"Content-Type": "text/plain"}
+            large = b"L" * (3 << 20)
+            refused = http.post(url, headers=text, content=large)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"]
+            assert http.post(url, headers=text, content=b"small").status_code == 204
+            for sock in held:
+                sock.close()
+            held.clear()
+            deadline = time.monotonic() + 10
+            while (taken := http.post(url, headers=text, content=large)).status_code == 503:
+                assert time.monotonic() < deadline, "the held bodies were never let go"
+                time.sleep(0.2)
+            assert taken.status_code == 204
+            stored = http.get(url, params={"offset": "-1"}).content
+            assert stored == b"small" + large
+            gauge = re.search(r"^ds_arriving_body_bytes(?:\{[^}]*\})? (\S+)$",
+                              http.get("/metrics").text, re.MULTILINE)  # fmt: skip
+            assert gauge is not None and float(gauge.group(1)) == 0
+    finally:
+        for sock in held:
+            sock.close()
