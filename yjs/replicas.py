@@ -212,12 +212,12 @@ def _failed(path: str, exc: Exception) -> ProtocolError:
 
 def _fitting(queue: list[_Post]) -> int:
     """How many of the queued POSTs (at least one) go in one round: at most MAX_TOGETHER, and
-    no more bytes than group commit writes in one batch (a batch split in two would find its
+    no more than group commit writes in one batch (a batch split in two would find its
     second half stale, overtaken by its first)."""
     size = 0
     for count, post in enumerate(queue[:MAX_TOGETHER]):
-        size += post.request.size
-        if count and size > services.TOGETHER_MAX_BYTES:
+        size += services.append_weight(post.request)
+        if count and size > services.TOGETHER_MAX_WEIGHT:
             return count
     return min(len(queue), MAX_TOGETHER)
 

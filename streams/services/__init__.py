@@ -22,18 +22,20 @@ from streams.services.reads import (
 )
 from streams.services.retention import retention_of, trim_stream
 from streams.services.writes import (
-    TOGETHER_MAX_BYTES,
+    TOGETHER_MAX_WEIGHT,
     append,
     append_together,
+    append_weight,
     byte_append,
     create_stream,
     delete_stream,
 )
 
 __all__ = [
-    "TOGETHER_MAX_BYTES",
+    "TOGETHER_MAX_WEIGHT",
     "append",
     "append_together",
+    "append_weight",
     "byte_append",
     "create_stream",
     "delete_stream",

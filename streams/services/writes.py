@@ -170,8 +170,10 @@ def byte_append(
     )
 
 
-# Appends to one stream larger than this in all are not written in one batch.
-TOGETHER_MAX_BYTES = group_commit.MAX_BATCH_BYTES
+# Appends to one stream weighing more than this in all (``append_weight``) are not written in
+# one batch.
+TOGETHER_MAX_WEIGHT = group_commit.MAX_BATCH_BYTES
+append_weight = group_commit.weight
 
 
 async def append_together(requests: list[AppendRequest]) -> list[AppendResult | ProtocolError]:
