@@ -78,7 +78,7 @@ class Credential:
     @property
     def key_id(self) -> str | None:
         if self.key is not None:
-            return self.key.partition(".")[0]
+            return key_id_of(self.key)
         return self.signed[0] if self.signed is not None else None
 
 
@@ -107,6 +107,11 @@ _roster_read: asyncio.Future[Roster] | None = None
 # Counts forget()s: a lookup that began before one may have read what changed since, so its
 # result is used once but not kept.
 _generation = 0
+# The generation at which each key last changed (prefix -> generation; at most MAX_CACHED),
+# and at which every key's cache was last dropped: what a live read's credentials are judged
+# again by (Standing).
+_key_changed: dict[str, int] = {}
+_all_changed = 0
 
 
 def open_mode() -> bool:
@@ -191,7 +196,8 @@ def _conclude(
     if principal.rate_limit is not None and rate_limited:
         # Per key: its signed URLs count against the key's own limit (only keys have one).
         ratelimit.take(f"key:{principal.id}", principal.rate_limit)
-    return replace(principal, unrestricted=True) if open_mode() else principal
+    # In open mode everyone may do everything: credentials that expire meanwhile change nothing.
+    return replace(principal, unrestricted=True, expires_at=None) if open_mode() else principal
 
 
 def _key_principal(credential: Credential, record: KeyRecord | None) -> Principal:
@@ -245,10 +251,15 @@ def _cached(prefix: str) -> KeyRecord | Any | None:
 async def _record_of(prefix: str) -> KeyRecord | None:
     """The record of a key not cached: looked up, unless lookups are past their rate and the
     roster has no such key."""
+    if prefix in _lookups:  # joined: the lookup under way costs the budget nothing more
+        return await _lookup(prefix)
     if not _may_look_up():
         roster = _roster_for(prefix) or await _read_roster()
         if _unknown(prefix, roster):
             return None
+        record = _cached(prefix)  # found while the roster was read
+        if record is not _MISSING:
+            return record
     return await _lookup(prefix)
 
 
@@ -403,17 +414,41 @@ def _fetch_sync(prefix: str) -> KeyRecord | None:
     return _record(prefix, row)
 
 
-def forget(_payload: str = "") -> None:
-    """Drop every cached key (a key or grant changed somewhere, or notifications may have
-    been missed)."""
-    global _generation, _roster, _roster_read
+def generation() -> int:
+    """Where the cache of keys stands: read before a request is authenticated, it tells
+    whether its key changed since (``Standing``)."""
+    return _generation
+
+
+def forget(payload: str = "") -> None:
+    """Drop what is cached of the key a change names (``key:<prefix>``: it, its grants or its
+    revocation changed), or of every key and token (``all``: a TRUNCATE; or anything else:
+    notifications may have been missed)."""
+    global _generation, _roster, _roster_read, _all_changed
+    kind, _, prefix = payload.partition(":")
     with _lock:
         _generation += 1
+        _roster = _roster_read = None  # a key made or removed changes it
+        if kind == "key" and prefix:
+            _records.pop(prefix, None)
+            _lookups.pop(prefix, None)
+            _matched.difference_update([key for key in _matched if key_id_of(key) == prefix])
+            if len(_key_changed) >= MAX_CACHED:
+                _key_changed.clear()
+                _all_changed = _generation
+            else:
+                _key_changed[prefix] = _generation
+            return
+        _all_changed = _generation
+        _key_changed.clear()
         _records.clear()
         _matched.clear()
         _lookups.clear()
-        _roster = _roster_read = None
     tokens.forget()
+
+
+def key_id_of(key: str) -> str:
+    return key.partition(".")[0]
 
 
 def listen_for_changes() -> None:
@@ -431,22 +466,35 @@ class Standing:
     (``forget``), and an expired key, signed URL or token stops it once its time has passed.
 
     ``judge`` authenticates the request's credentials again, as its endpoint did at first;
-    without it, only the expiry is checked. Judging again costs nothing until keys change
-    (then one lookup per key, shared by its requests: ``_lookup``)."""
+    without it, only the expiry is checked. ``judged_at`` is ``generation()`` as it was
+    before the request was first authenticated (a change while that was in flight counts).
+    Judging again costs nothing until the request's own key changes, or every key's cache is
+    dropped (then one lookup per key, shared by its requests: ``_lookup``)."""
 
     __slots__ = ("_generation", "_judge", "principal")
 
     def __init__(
-        self, principal: Principal, judge: Callable[[], Awaitable[Principal]] | None
+        self,
+        principal: Principal,
+        judge: Callable[[], Awaitable[Principal]] | None,
+        judged_at: int,
     ) -> None:
         self.principal = principal
         self._judge = judge
-        self._generation = _generation
+        self._generation = judged_at
+
+    def _changed(self) -> bool:
+        """Whether what the principal was judged by may have changed since."""
+        if _all_changed > self._generation:
+            return True
+        if self.principal.kind in ("key", "signed-url"):
+            return _key_changed.get(self.principal.id, -1) > self._generation
+        return False  # tokens and service secrets do not change with the keys
 
     async def require(self, resource: str, operation: Operation) -> None:
         """As ``Principal.require``, for the credential as it stands now: 401 when it was
         revoked or has expired, 403 when its grants no longer cover ``resource``."""
-        if self._judge is not None and self._generation != _generation:
+        if self._judge is not None and self._changed():
             self._generation = _generation
             self.principal = await self._judge()
         expires_at = self.principal.expires_at

@@ -18,6 +18,7 @@ import logging
 
 from django.conf import settings
 
+from access import auth
 from access.auth import authenticate
 from access.grants import Grant, Operation, Principal, doc_resource
 from streams import services
@@ -91,16 +92,18 @@ def error_response(error: ProtocolError) -> Response:
     return Response(error.status, headers, body)
 
 
-async def _principal(request: Request, service: str, *, rate_limited: bool = True) -> Principal:
-    """Who sends the request. A service with a secret (YJS_SERVICE_SECRETS) takes
-    ``Bearer <secret>`` for everything on its documents; other credentials are judged as on
-    every endpoint (in open mode, such a service still needs its secret)."""
+async def _principal(
+    given: str, query: dict[str, list[str]], service: str, *, rate_limited: bool = True
+) -> Principal:
+    """Who sends a request with ``Authorization: <given>``. A service with a secret
+    (YJS_SERVICE_SECRETS) takes ``Bearer <secret>`` for everything on its documents; other
+    credentials are judged as on every endpoint (in open mode, such a service still needs its
+    secret)."""
     secret = settings.YJS_SERVICE_SECRETS.get(service)
-    given = request.header("authorization") or ""
     if secret and hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
         everything = frozenset(Operation)
         return Principal("service", id=service, grants=(Grant(f"yjs/{service}/", everything),))
-    principal = await authenticate(given or None, request.query, rate_limited=rate_limited)
+    principal = await authenticate(given or None, query, rate_limited=rate_limited)
     if secret and principal.kind == "open":
         raise YjsError(
             401,
@@ -116,8 +119,12 @@ async def _handle(
 ) -> Response | None:
     request = request_for(scope, receive, path="")
     doc = parse_doc_url(request.raw_path)
-    request.principal = await _principal(request, doc.service)
-    request.reauthenticate = functools.partial(_principal, request, doc.service, rate_limited=False)
+    given = request.header("authorization") or ""
+    judged_at = auth.generation()
+    request.principal = await _principal(given, request.query, doc.service)
+    if request.method == "GET":
+        judge = functools.partial(_principal, given, request.query, doc.service, rate_limited=False)
+        request.standing = auth.Standing(request.principal, judge, judged_at)
     request.resource = doc_resource(doc.service, doc.doc_path)
     # One check for everything a method does to a document or its awareness (the base
     # protocol's services check again, at no cost, what they are asked).

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from access import auth
 from access.auth import authenticate
 from streams import held_answers, lifecycle
 from streams.errors import (
@@ -189,11 +190,11 @@ async def _handle_stream(
 ) -> Response | None:
     request = build_request(scope, receive, handlers.STREAM_ROUTE)
     authorization = request.header("authorization")
+    judged_at = auth.generation()
     request.principal = await authenticate(authorization, request.query)
-    request.reauthenticate = functools.partial(
-        authenticate, authorization, request.query, rate_limited=False
-    )
     if request.method == "GET":
+        judge = functools.partial(authenticate, authorization, request.query, rate_limited=False)
+        request.standing = auth.Standing(request.principal, judge, judged_at)
         return await handle_get(request, send, origin)
     if request.path in READ_ONLY_PATHS and request.method in ("PUT", "POST", "DELETE"):
         raise Forbidden("this stream is maintained by the server and is read-only")

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
-from access.auth import Standing
+from access.auth import Standing, generation
 from access.grants import Operation, stream_resource
 from streams import services
 from streams.errors import BadRequest, ProtocolError
@@ -36,7 +36,7 @@ def _start(request: Request) -> ReadStart:
 
 
 def _standing(request: Request) -> Standing:
-    return Standing(request.principal, request.reauthenticate)
+    return request.standing or Standing(request.principal, None, generation())
 
 
 def _resource(request: Request) -> str:

@@ -9,7 +9,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
 from django.conf import settings
@@ -25,6 +25,9 @@ from streams.errors import (
     ServiceUnavailable,
 )
 from streams.protocol.headers import ascii_digits
+
+if TYPE_CHECKING:
+    from access.auth import Standing
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -56,9 +59,9 @@ class Request:
     # What access control calls the target when it is not the stream at ``path`` (a Yjs
     # document: ``access.grants``).
     resource: str | None = None
-    # How the endpoint authenticates the request, to judge its credentials again while it
-    # goes on answering (a live read: ``access.auth.Standing``); None: judged once.
-    reauthenticate: Callable[[], Awaitable[Principal]] | None = None
+    # Its credentials, to be judged again while it goes on answering (a live read: set by the
+    # endpoints for GET); None: judged once, at the start.
+    standing: Standing | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())

@@ -204,3 +204,43 @@ def test_internal_streams_cannot_be_named_through_the_state_api(
             answers.add((register.status_code, detail.status_code, entities.status_code))
             assert "reserved" in register.text, register.text
         assert answers == {(400, 400, 400)}
+
+
+def test_key_changes_name_the_key_they_change(database_url: str, servers: Any) -> None:
+    """Every change to a key or its grants is heard by every process as a change to that key
+    (``auth:key:<prefix>``), so that only its live readers judge their credentials again (every
+    change was ``auth:<table>``, and made every live reader of every key look its key up)."""
+    key = create_key(database_url, "notified", "stream/notified/:read")
+    prefix = key_id(key)
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN ds_streams")
+        with psycopg.connect(database_url, autocommit=True) as db:
+            db.execute("UPDATE ds_api_key SET revoked = true WHERE prefix = %s", (prefix,))
+            db.execute(
+                "UPDATE ds_api_grant SET read = false WHERE key_id LIKE %s", (f"{prefix}.%",)
+            )
+        heard = [
+            note.payload
+            for note in listener.notifies(timeout=2, stop_after=2)
+            if note.payload.startswith("auth:")
+        ]
+    assert heard == [f"auth:key:{prefix}", f"auth:key:{prefix}"]
+
+
+def test_in_open_mode_expiring_credentials_do_not_end_a_live_read(
+    start_server: Any, database_url: str
+) -> None:
+    """In open mode everyone may read: a long-poll sent with a key that expires while it
+    waits still gets the data appended afterwards (found by review: it answered 401, where a
+    new request with the same key is served)."""
+    server = start_server(env={"DS_AUTH__MODE": "open", "DS_SERVER__LONG_POLL_TIMEOUT_SECS": "30"})
+    path = f"live-open/{time.time_ns()}"
+    created = httpx.put(server.stream_url(path), headers=TEXT, content="before ")
+    assert created.status_code == 201
+    key = create_key(database_url, "open-brief", "stream/:read", extra=("--expires-in", "2"))
+    (reader,) = _readers([server], path, created.headers["Stream-Next-Offset"], bearer(key),
+                         lambda s: s.stream_url(path))[1:]  # fmt: skip
+    time.sleep(2.5)
+    assert httpx.post(server.stream_url(path), headers=TEXT, content=MARKER).status_code == 204
+    reader.join(20)
+    assert reader.status == 200 and reader.body == MARKER, (reader.status, reader.body)
