@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from rest_framework_api_key.admin import APIKeyModelAdmin
 from rest_framework_api_key.models import APIKey
 
@@ -11,6 +14,12 @@ from streams.admin import CheckedSelectionAdmin
 
 # The library's own concrete model is unused: this project's keys are ApiKey.
 admin.site.unregister(APIKey)
+
+# Django's own admins of users and groups, with actions that refuse a selection naming no
+# object (CheckedSelectionAdmin; found by review: theirs were a 500).
+for _model, _admin in ((get_user_model(), UserAdmin), (Group, GroupAdmin)):
+    admin.site.unregister(_model)
+    admin.site.register(_model, type(_admin.__name__, (CheckedSelectionAdmin, _admin), {}))
 
 
 class GrantInline(admin.TabularInline):

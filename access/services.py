@@ -13,6 +13,9 @@ from access.grants import Grant as GrantRule
 from access.grants import Operation
 from access.models import ApiKey, Grant
 
+# What the rate limit's column holds (a PositiveIntegerField).
+MAX_RATE_LIMIT = 2**31 - 1
+
 
 @transaction.atomic
 def create_key(
@@ -53,8 +56,8 @@ def _check_key(name: str, grants: list[GrantRule], rate_limit: int | None) -> No
     for rule in grants:
         if len(rule.prefix) > longest_prefix:
             raise ValueError(f"a grant's prefix is at most {longest_prefix} characters")
-    if rate_limit is not None and rate_limit < 0:
-        raise ValueError("a rate limit is a number of requests per second, 0 or more")
+    if rate_limit is not None and not 0 <= rate_limit <= MAX_RATE_LIMIT:
+        raise ValueError(f"a rate limit is 0 to {MAX_RATE_LIMIT} requests per second")
 
 
 def revoke_key(prefix: str) -> ApiKey:

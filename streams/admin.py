@@ -359,7 +359,7 @@ class StreamAdmin(ReadOnlyAdmin):
                 "seq": message.seq,
                 "offset": str(Offset(message.seq, message.pos)),
                 "size": message.size,
-                "preview": preview(bytes(message.head), stream_media_type),
+                "preview": preview(bytes(message.head), stream_media_type, message.size),
             }
             for message in page.object_list
         ]

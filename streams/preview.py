@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 
 from django.db.models import BinaryField, F, Func, Value
@@ -19,31 +20,49 @@ def stored_head(field: str, length: int = PREVIEW_BYTES) -> Func:
     return Func(F(field), Value(1), Value(length), function="substring", output_field=BinaryField())
 
 
-def preview(data: bytes, stream_media_type: str) -> str:
+def preview(data: bytes, stream_media_type: str, size: int | None = None) -> str:
     """Pretty JSON for JSON streams, text for text streams (or bytes that are clean UTF-8),
-    hex otherwise. Long values are cut, with a note of how much is left out (of ``data``: the
-    head of a message longer than ``PREVIEW_BYTES`` is shown as text)."""
-    if stream_media_type == "application/json":
+    hex otherwise. ``data`` may be the head of a message of ``size`` bytes (``PREVIEW_BYTES``
+    read of it): then it is shown as text, a character cut at its end left out. Long values
+    are cut, with a note of how many of the message's bytes are left out."""
+    size = len(data) if size is None else size
+    whole = len(data) >= size
+    if stream_media_type == "application/json" and whole:
         try:
-            return _cut(json.dumps(json.loads(data), indent=2, ensure_ascii=False))
+            pretty = json.dumps(json.loads(data), indent=2, ensure_ascii=False)
+            if len(pretty) <= PREVIEW_CHARS:
+                return pretty
+            return f"{pretty[:PREVIEW_CHARS]} … (+{len(pretty) - PREVIEW_CHARS} characters)"
         except ValueError:
             pass
-    if stream_media_type.startswith("text/") or _is_clean_text(data):
-        return _cut(data.decode("utf-8", errors="replace"))
+    text = _clean_text(data, whole)
+    if stream_media_type.startswith("text/") or text is not None:
+        if text is None:
+            text = _decoder().decode(data, final=whole)
+        return _cut(text, size)
     shown = data[:HEX_BYTES].hex(" ")
-    rest = len(data) - HEX_BYTES
+    rest = size - min(len(data), HEX_BYTES)
     return f"{shown} … (+{rest} bytes)" if rest > 0 else shown
 
 
-def _is_clean_text(data: bytes) -> bool:
+def _decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+def _clean_text(data: bytes, whole: bool) -> str | None:
+    """``data`` as text when it is clean UTF-8 (a character cut at the end of a head left
+    out), else None."""
     try:
-        text = data.decode("utf-8")
+        text = codecs.getincrementaldecoder("utf-8")().decode(data, final=whole)
     except UnicodeDecodeError:
-        return False
-    return all(ch.isprintable() or ch in "\n\r\t" for ch in text[:PREVIEW_CHARS])
+        return None
+    clean = all(ch.isprintable() or ch in "\n\r\t" for ch in text[:PREVIEW_CHARS])
+    return text if clean else None
 
 
-def _cut(text: str) -> str:
-    if len(text) <= PREVIEW_CHARS:
-        return text
-    return f"{text[:PREVIEW_CHARS]} … (+{len(text) - PREVIEW_CHARS} characters)"
+def _cut(text: str, size: int) -> str:
+    """``text`` (of a message of ``size`` bytes) up to ``PREVIEW_CHARS``, with how many of the
+    message's bytes are not shown."""
+    shown = text[:PREVIEW_CHARS]
+    rest = size - len(shown.encode(errors="replace"))
+    return f"{shown} … (+{rest} bytes)" if rest > 0 else shown

@@ -232,20 +232,25 @@ def test_a_key_is_found_at_once_while_lookups_are_within_their_rate(
 
 def test_create_api_key_refuses_what_the_tables_cannot_hold(database_url: str) -> None:
     """A name past 50 characters, a grant prefix past 1,024, an owner who does not exist, a
-    negative rate or an expiry past year 9999 ended in a traceback (probe 7d); each is a
-    usage error now, and no key is made."""
+    rate the column cannot hold or an expiry past year 9999 ended in a traceback (probe 7d,
+    then review), and an expiry of 0 s made a key that never expires; each is a usage error
+    now, and no key is made."""
     for args in (
         ["n" * 51, "--grant", "stream/x/:read"],
         ["long-prefix", "--grant", f"stream/{'p' * 1100}/:read"],
         ["no-owner", "--owner", "nobody-at-all", "--grant", "stream/x/:read"],
         ["negative", "--rate-limit", "-1", "--grant", "stream/x/:read"],
+        ["huge-rate", "--rate-limit", "99999999999", "--grant", "stream/x/:read"],
+        ["never", "--expires-in", "0", "--grant", "stream/x/:read"],
+        ["already", "--expires-in", "-5", "--grant", "stream/x/:read"],
         ["far", "--expires-in", str(10**15), "--grant", "stream/x/:read"],
     ):
         result = manage(database_url, "create_api_key", *args)
         assert result.returncode == 1, (args[0], result.stderr[-500:])
         assert "Traceback" not in result.stderr and "CommandError" in result.stderr, args[0]
     with psycopg.connect(database_url) as db:
-        names = ("long-prefix", "no-owner", "negative", "far", "n" * 51)
+        names = ("long-prefix", "no-owner", "negative", "huge-rate", "never", "already", "far",
+                 "n" * 51)  # fmt: skip
         found = db.execute("SELECT count(*) FROM ds_api_key WHERE name = ANY(%s)", (list(names),))
         assert found.fetchone() == (0,)
 

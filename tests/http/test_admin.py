@@ -3,6 +3,7 @@ by the real server."""
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from streams.preview import PREVIEW_CHARS
 from tests.conftest import admin_session
 from tests.state.support import change
 from tests.yjs.support import frames
@@ -333,6 +335,8 @@ def test_actions_refuse_a_selection_that_names_no_object(
         ("/admin/subscriptions/subscription/", "pause", ("x", "1\x00")),
         ("/admin/state/statestream/", "compact_now", ("x", "1\x00")),
         ("/admin/access/apikey/", "delete_selected", ("k\x00",)),  # its ids are text
+        ("/admin/auth/user/", "delete_selected", ("x", "1\x00")),  # Django's own admins
+        ("/admin/auth/group/", "delete_selected", ("x", "1\x00")),
     ):
         listing = admin_client.get(url)
         assert listing.status_code == 200, url
@@ -349,3 +353,29 @@ def test_actions_refuse_a_selection_that_names_no_object(
     assert stream_id is not None
     assert run_action(admin_client, listing, "delete_streams", stream_id.group(1)).is_success
     assert client.head(f"/v1/stream/{path}").status_code == 404
+
+
+def test_a_long_message_is_previewed_from_its_head(
+    admin_client: httpx.Client, client: httpx.Client
+) -> None:
+    """The messages page reads a message's first 64 KiB: a JSON message of 200,009 bytes of
+    "é" cut inside a character was shown as hex, with a count of the bytes left out of the
+    head rather than of the message (found by review). It is text, and the count is the
+    message's."""
+    path = f"admin/head-{time.time_ns()}"
+    client.put(f"/v1/stream/{path}", headers={"Content-Type": "application/json"})
+    message = json.dumps({"v": "é" * 100_000}, ensure_ascii=False).encode()
+    assert len(message) == 200_009
+    appended = client.post(
+        f"/v1/stream/{path}", headers={"Content-Type": "application/json"}, content=message
+    )
+    assert appended.status_code == 204
+    listing = admin_client.get("/admin/streams/stream/", params={"q": path})
+    stream_id = re.search(r'href="/admin/streams/stream/(\d+)/change/', listing.text)
+    assert stream_id is not None
+    page = admin_client.get(f"/admin/streams/stream/{stream_id.group(1)}/messages/")
+    assert "éééé" in page.text
+    left_out = re.search(r"é … \(\+(\d+) bytes\)", page.text)
+    assert left_out is not None  # text, not hex
+    # What the preview leaves out of the message, not of the 64 KiB read of it.
+    assert int(left_out.group(1)) > len(message) - 2 * PREVIEW_CHARS - 16

@@ -30,12 +30,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         expires = options["expires_in"]
+        if expires is not None and expires < 1:
+            raise CommandError("--expires-in is a number of seconds, 1 or more")
         try:
             key, plaintext = create_key(
                 name=options["name"],
                 grants=[Grant.parse(text) for text in options["grant"]],
                 owner=options["owner"],
-                expires_at=datetime.now(UTC) + timedelta(seconds=expires) if expires else None,
+                expires_at=None
+                if expires is None
+                else datetime.now(UTC) + timedelta(seconds=expires),
                 rate_limit=options["rate_limit"],
             )
         except (ValueError, OverflowError) as exc:  # OverflowError: an expiry past year 9999
