@@ -46,8 +46,8 @@ def _check_path(path: str) -> None:
 # -- overview ----------------------------------------------------------------------------------
 
 
-@require_GET
 @console_view()
+@require_GET
 def overview(request: HttpRequest) -> HttpResponse:
     figures = _figures()
     config = {"figures": figures, "dataUrl": reverse("console:overview-data")}
@@ -55,8 +55,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(request, "console/overview.html", context)
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def overview_data(request: HttpRequest) -> JsonResponse:
     return JsonResponse(_figures())
 
@@ -78,8 +78,8 @@ def _figures() -> dict[str, Any]:
 # -- the stream list ---------------------------------------------------------------------------
 
 
-@require_GET
 @console_view()
+@require_GET
 def stream_list(request: HttpRequest) -> HttpResponse:
     """The stream list; ``?fragment=rows`` answers only its rows (the page fetches them again
     when the registry says a stream appeared or went)."""
@@ -124,8 +124,8 @@ def _query_with(request: HttpRequest, **changes: str | None) -> str:
 # -- one stream --------------------------------------------------------------------------------
 
 
-@require_GET
 @console_view()
+@require_GET
 def stream_detail(request: HttpRequest, path: str) -> HttpResponse:
     _check_path(path)
     view = selectors.stream_view(path)
@@ -152,8 +152,8 @@ def stream_detail(request: HttpRequest, path: str) -> HttpResponse:
     return TemplateResponse(request, "console/stream.html", context)
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def older_messages(request: HttpRequest, path: str) -> JsonResponse:
     """Stored messages before an offset, for "load older" and "go to offset"."""
     _check_path(path)
@@ -182,8 +182,8 @@ def older_messages(request: HttpRequest, path: str) -> JsonResponse:
     )
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def live_url(request: HttpRequest, path: str) -> JsonResponse:
     """A fresh signed URL for the page's live view (it reconnects with it)."""
     _check_path(path)
@@ -191,8 +191,8 @@ def live_url(request: HttpRequest, path: str) -> JsonResponse:
     return JsonResponse(keys.stream_live_url(request.user, path).as_json())
 
 
-@require_POST
 @console_view(APPEND, page=False)
+@require_POST
 async def append(request: HttpRequest, path: str) -> HttpResponse:
     """Append the form's message. Scripts get JSON (the new tail, or the refusal with its
     status); a plain form post is sent back to the stream's page."""
@@ -220,8 +220,8 @@ async def append(request: HttpRequest, path: str) -> HttpResponse:
 # -- state streams -----------------------------------------------------------------------------
 
 
-@require_GET
 @console_view()
+@require_GET
 def state_detail(request: HttpRequest, path: str) -> HttpResponse:
     _check_path(path)
     view = selectors.stream_view(path)
@@ -242,8 +242,8 @@ def state_detail(request: HttpRequest, path: str) -> HttpResponse:
     return TemplateResponse(request, "console/state.html", context)
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def entities(request: HttpRequest, path: str) -> HttpResponse:
     """The entities fragment of a state stream's page, caught up to every acknowledged append."""
     _check_path(path)
@@ -273,8 +273,8 @@ def _entities_context(view: selectors.StreamView, form: EntityFilters) -> dict[s
 # -- Yjs documents -----------------------------------------------------------------------------
 
 
-@require_GET
 @console_view()
+@require_GET
 def yjs_detail(request: HttpRequest, service: str, doc_path: str) -> HttpResponse:
     _check_path(doc_path)
     doc = selectors.document(service, doc_path)
@@ -292,16 +292,16 @@ def yjs_detail(request: HttpRequest, service: str, doc_path: str) -> HttpRespons
     return TemplateResponse(request, "console/yjs.html", context)
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def yjs_content(request: HttpRequest, service: str, doc_path: str) -> HttpResponse:
     _check_path(doc_path)
     doc = selectors.document(service, doc_path)
     return TemplateResponse(request, "console/_yjs_content.html", _document_context(doc))
 
 
-@require_GET
 @console_view(page=False)
+@require_GET
 def yjs_live_url(request: HttpRequest, service: str, doc_path: str) -> JsonResponse:
     _check_path(doc_path)
     selectors.document(service, doc_path)

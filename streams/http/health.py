@@ -71,13 +71,12 @@ async def readiness() -> tuple[int, dict[str, Any]]:
 
 
 async def _probe_parts() -> tuple[int, dict[str, Any]]:
-    checks = dict(
-        zip(
-            ("database", "pool", "listen"),
-            await asyncio.gather(_database(), _pool(), _listen()),
-            strict=True,
-        )
-    )
+    parts = ("database", "pool", "listen")
+    verdicts = await asyncio.gather(_database(), _pool(), _listen(), return_exceptions=True)
+    checks = {
+        part: _failing(part, verdict) if isinstance(verdict, BaseException) else verdict
+        for part, verdict in zip(parts, verdicts, strict=True)
+    }
     failing = [name for name, verdict in checks.items() if verdict != "ok"]
     body: dict[str, Any] = {"status": "unavailable" if failing else "ok", **checks}
     if failing:
@@ -123,12 +122,13 @@ async def _listen() -> str:
     return "ok"
 
 
-_READ_ONLY = MethodNotAllowed("only GET and HEAD", headers={"Allow": "GET, HEAD"})
+_READ_ONLY = MethodNotAllowed("only GET and HEAD", headers={"Allow": "GET, HEAD, OPTIONS"})
 
 
 def _refused_method(scope: Scope) -> bool:
-    """Probes and metrics are read: other methods are 405 (they answered 200 to DELETE)."""
-    return scope["method"] not in ("GET", "HEAD")
+    """Probes and metrics are read: methods that write are 405 (they answered 200 to
+    DELETE); OPTIONS is answered as before."""
+    return scope["method"] not in ("GET", "HEAD", "OPTIONS")
 
 
 async def metrics_app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -267,6 +267,12 @@ def test_refusals_carry_the_security_headers_and_speak_json_to_scripts(
         assert "no-store" in response.headers["Cache-Control"], url
         if not page:
             assert response.json()["code"] == "NOT_FOUND", url
+    # A method a page does not take was Django's bare 405 (found by review).
+    wrong = superuser.post(
+        "/console/streams/", data=csrf(superuser, "/console/"), headers=referer(superuser)
+    )
+    assert wrong.status_code == 405
+    assert "script-src 'self'" in wrong.headers["Content-Security-Policy"]
 
 
 def test_the_state_page_shows_a_bounded_number_of_entity_types(

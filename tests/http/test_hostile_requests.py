@@ -196,7 +196,7 @@ def test_probes_and_metrics_answer_only_reads(server: ServerProcess) -> None:
             for method in ("DELETE", "POST", "PUT"):
                 refused = http.request(method, url)
                 assert refused.status_code == 405, (method, url)
-                assert refused.headers["Allow"] == "GET, HEAD"
+                assert refused.headers["Allow"] == "GET, HEAD, OPTIONS"
             assert http.get(url).status_code == 200 and http.head(url).status_code == 200
 
 
