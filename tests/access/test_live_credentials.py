@@ -75,16 +75,28 @@ def _readers(
     return readers
 
 
-def _append_and_collect(
-    servers: Any, path: str, admin: dict[str, str], readers: list[Reader]
+def _new_stream(server: ServerProcess, admin: dict[str, str], prefix: str) -> tuple[str, str]:
+    """A new text stream under ``prefix``: its path and its tail."""
+    path = f"{prefix}/{time.time_ns()}"
+    created = httpx.put(server.stream_url(path), headers=TEXT | admin, content="before ")
+    assert created.status_code == 201
+    return path, created.headers["Stream-Next-Offset"]
+
+
+def _append_and_check(
+    servers: Any, path: str, admin: dict[str, str], readers: list[Reader], refusal: str
 ) -> None:
-    """Append the marker with another key, then let every reader end (or time out)."""
+    """Append the marker with another key; every reader ends without it, each long-poll
+    refused (401, saying ``refusal``)."""
     first = servers[0]
     appended = httpx.post(first.stream_url(path), headers=TEXT | admin, content=MARKER)
     assert appended.status_code == 204
     for reader in readers:
         reader.join(20)
         assert not reader.is_alive(), f"{reader.live} still open after the marker"
+        assert MARKER not in reader.body, reader.live
+        if reader.live == "long-poll":
+            assert reader.status == 401 and refusal in reader.body, reader.body
 
 
 def test_a_revoked_key_gets_nothing_more_on_live_reads_it_holds(
@@ -93,11 +105,7 @@ def test_a_revoked_key_gets_nothing_more_on_live_reads_it_holds(
     """A key holds an SSE connection and a long-poll on each process; it is revoked; data
     appended afterwards reaches none of them: the SSE connections end, the long-polls answer
     401 (both got the data before)."""
-    path = f"live-revoke/{time.time_ns()}"
-    first = servers[0]
-    created = httpx.put(first.stream_url(path), headers=TEXT | admin, content="before ")
-    assert created.status_code == 201
-    tail = created.headers["Stream-Next-Offset"]
+    path, tail = _new_stream(servers[0], admin, "live-revoke")
     key = create_key(database_url, "live-reader", "stream/live-revoke/:read")
     readers = _readers(servers, path, tail, bearer(key), lambda server: server.stream_url(path))
     with psycopg.connect(database_url, autocommit=True) as db:
@@ -108,11 +116,7 @@ def test_a_revoked_key_gets_nothing_more_on_live_reads_it_holds(
         while httpx.head(server.stream_url(path), headers=bearer(key)).status_code != 401:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-    _append_and_collect(servers, path, admin, readers)
-    for reader in readers:
-        assert MARKER not in reader.body, reader.live
-        if reader.live == "long-poll":
-            assert reader.status == 401 and "revoked" in reader.body, reader.body
+    _append_and_check(servers, path, admin, readers, "revoked")
 
 
 def test_a_live_read_ends_when_its_signed_url_expires(
@@ -121,11 +125,8 @@ def test_a_live_read_ends_when_its_signed_url_expires(
     """An SSE connection and a long-poll opened with a signed URL that expires in 2 s: the SSE
     connection ends at the expiry, and data appended after it reaches neither (the long-poll
     answers 401)."""
-    path = f"live-signed/{time.time_ns()}"
     first = servers[0]
-    created = httpx.put(first.stream_url(path), headers=TEXT | admin, content="before ")
-    assert created.status_code == 201
-    tail = created.headers["Stream-Next-Offset"]
+    path, tail = _new_stream(first, admin, "live-signed")
     key = create_key(database_url, "live-signer", "stream/live-signed/:read")
     minted = httpx.post(
         f"{first.base_url}/v1/auth/signed-urls",
@@ -143,11 +144,7 @@ def test_a_live_read_ends_when_its_signed_url_expires(
     for reader in sse:  # ended at the expiry, before any append
         reader.join(10)
         assert not reader.is_alive()
-    _append_and_collect(servers, path, admin, readers)
-    for reader in readers:
-        assert MARKER not in reader.body, reader.live
-        if reader.live == "long-poll":
-            assert reader.status == 401 and "expired" in reader.body, reader.body
+    _append_and_check(servers, path, admin, readers, "expired")
 
 
 def test_a_signed_url_counts_against_its_key_rate_limit(
