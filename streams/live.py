@@ -1,7 +1,8 @@
 """Live delivery: wake waiting readers when a stream changes (DESIGN.md, Live delivery).
 
 One LISTEN connection per server process, on channel ``ds_streams``; the write functions
-``pg_notify`` ``"<stream id>:<next seq>:<o|c|d>"`` (open, closed, deleted) on commit. A local
+``pg_notify`` ``"<stream id>:<next seq>:<o|c|d>"`` (open, closed, deleted) on commit, and a
+trim ``"<stream id>:-1:t"`` (what is kept of the stream is dropped). A local
 append also publishes directly, so a reader in the same process is woken without the round trip.
 A small append's notification also carries its data. Data committed by this process, or carried
 by a notification, is kept briefly per watched stream (``Appended``); a reader whose offset is
@@ -346,7 +347,8 @@ class LiveHub:
             )
 
     def _on_notify(self, payload: str) -> None:
-        """``"<id>:<next seq>:<o|c|d>"``, and for small appends that stored every request
+        """``"<id>:<next seq>:<o|c|d|t>"`` (open, closed, deleted, trimmed), and for small
+        appends that stored every request
         ``":<first seq>:<first pos>:<lengths, comma-separated>:<base64 data>"``
         (``ds_notify_payload`` in streams/store/sql/functions.sql)."""
         kind = payload.split(":", 1)[0]
@@ -360,6 +362,11 @@ class LiveHub:
         try:
             parts = payload.split(":", 6)
             stream_id, next_seq, state = int(parts[0]), int(parts[1]), parts[2]
+            if state == "t":
+                # Trimmed: what is kept may be before its new start, and is not to be handed
+                # out (probe 8a). Readers at the tail are not woken: nothing new for them.
+                self._recent.pop(stream_id, None)
+                return
             if state == "d":
                 self._recent.pop(stream_id, None)
             elif len(parts) == 7 and self._wants(stream_id, int(parts[3])):

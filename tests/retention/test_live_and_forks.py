@@ -5,7 +5,9 @@ source)."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,3 +220,39 @@ def test_forks_of_a_trimmed_source_start_where_it_does(
     assert late.status_code == 201
     assert start_of(client, f"{source}-late") == offsets[4]
     assert read_text(client, f"{source}-late")[0] == "".join(MESSAGES[4:])
+
+
+def test_a_held_sse_reader_is_not_sent_what_a_trim_removed(
+    server: ServerProcess, stream_path: str
+) -> None:
+    """An SSE reader whose client stops reading while an 8 MiB message is sent to it; 20
+    small appends follow, kept in the process's memory for live readers; the stream is
+    trimmed to its tail. When the client reads again it got the 20 small messages from that
+    memory, though a catch-up read of them already answered 410 (probe 8a). Its response now
+    ends after the large message, and reconnecting answers 410."""
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        create(client, stream_path)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(
+            f"GET {url(stream_path)}?offset=now&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        received = b""
+        while b"upToDate" not in received:
+            received += sock.recv(65536)
+        large_end = append_all(client, stream_path, ["L" * (8 << 20)])[-1]
+        time.sleep(1)  # the reader's send of the large event is held by the client
+        append_all(client, stream_path, [f"S{n:02};" for n in range(20)])
+        assert trim(client, stream_path, "now").status_code == 204
+        assert client.get(url(stream_path), params={"offset": large_end}).status_code == 410
+        time.sleep(0.5)  # the trim's notification is heard
+        sock.settimeout(20)
+        while chunk := sock.recv(1 << 20):
+            received += chunk
+        sock.close()
+        assert received.count(b"L" * 1000) > 0  # the large message was delivered
+        assert b"S00;" not in received and b"S19;" not in received
+        again = client.get(url(stream_path), params={"offset": large_end, "live": "sse"})
+        assert again.status_code == 410

@@ -228,6 +228,11 @@ BEGIN
     SELECT u.id, now() FROM unnest((ds_segments(s)).ids) AS u(id)
     ON CONFLICT (stream_id) DO UPDATE SET due_at = least(ds_purge_pending.due_at, now());
     DELETE FROM ds_stream_mark WHERE stream_id = s.id AND seq < p_seq;
+    -- Processes keep recent appends of watched streams for their live readers: they drop them
+    -- ("<id>:-1:t", streams/live.py), so that a reader behind the trim reads the store (410).
+    IF s.watched_until > now() THEN
+        PERFORM pg_notify('ds_streams', s.id || ':-1:t');
+    END IF;
 END;
 $$;
 
