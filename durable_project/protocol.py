@@ -79,6 +79,12 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_buffered = 0  # the buffer's size when the write deadline was set
         self._idle_timer: asyncio.TimerHandle | None = None
+        # A request asked to switch protocols: nothing more is read from the connection (and
+        # its body, when it declared one, was refused).
+        self._upgrade_asked = False
+        self._upgrade_refused = False
+        # The client half-closed its side: what it sent is answered, then the connection closes.
+        self._client_done = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """A connection's first request must begin within ``DS_HEAD_TIMEOUT_SECS``: uvicorn
@@ -90,10 +96,14 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
     def on_response_complete(self) -> None:
         """The next request must begin within ``DS_HEAD_TIMEOUT_SECS`` too: uvicorn's
         keep-alive timer stops at any byte, and bytes that begin no request (an empty line)
-        stopped it for good."""
+        stopped it for good. A client that half-closed gets no more than its answers."""
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None and not self._in_head:
-            self._start_idle_timer()  # nothing pipelined: uvicorn armed its keep-alive timer
+            # Nothing pipelined: uvicorn armed its keep-alive timer.
+            if self._client_done:
+                self.transport.close()
+            else:
+                self._start_idle_timer()
 
     def _start_idle_timer(self) -> None:
         self._stop_idle_timer()
@@ -114,6 +124,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self._idle_timer = None
 
     def data_received(self, data: bytes) -> None:
+        if self._upgrade_asked:
+            return  # nothing after a request that asked to switch protocols is HTTP to us
         super().data_received(data)
         # Counted once the parser has had the data: a read that completed the head does not
         # count, whatever body came with it.
@@ -138,7 +150,57 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_bytes = 0
         self._stop_head_timer()
         self.scope.setdefault("extensions", {})[CUT] = {"cut": self.cut}
+        if self.parser.should_upgrade():
+            self._ignore_upgrade()
+            return
         super().on_headers_complete()
+
+    def _ignore_upgrade(self) -> None:
+        """A request asking to switch protocols (``Upgrade`` with ``Connection: upgrade``, or
+        CONNECT). llhttp reads nothing after its head as HTTP, and uvicorn read the body,
+        arriving later, as the next request: a body that was a whole request was run (request
+        smuggling behind a proxy that forwards ``Upgrade``; probe 8b). No protocol is switched
+        to here: the Upgrade is ignored (RFC 9110 7.8), the request answered as any other,
+        and the connection closed after it, nothing more read from it. One declaring a body is
+        refused (400): the body cannot be read."""
+        self._upgrade_asked = True
+        declared = {name: value for name, value in self.headers}
+        length = declared.get(b"content-length", b"0").strip()
+        if b"transfer-encoding" in declared or length.strip(b"0"):
+            self._upgrade_refused = True
+            self._refuse(400, b"a request asking to switch protocols cannot have a body here")
+            return
+        super().on_headers_complete()
+        self.cycle.keep_alive = False
+
+    def on_body(self, body: bytes) -> None:
+        if not self._upgrade_refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._upgrade_refused:
+            super().on_message_complete()
+
+    def _should_upgrade(self) -> bool:
+        """Never: this server speaks no other protocol. uvicorn switched to WebSockets whenever
+        the websockets package was installed, and the application, having no WebSocket route,
+        answered 500 with a traceback in the log (probe 8b)."""
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Nothing to say: an Upgrade is ignored (_ignore_upgrade), and uvicorn's warning for
+        each one let anyone fill the log."""
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio.Protocol's signature
+        """The client half-closed its side of the connection after sending its request:
+        requests it sent whole are answered, then the connection closes. uvicorn let the
+        transport close at once: an append was committed and never answered, and a client
+        retrying it wrote it twice (probe 8b). A request still being received cannot
+        complete: the connection closes now, as when the client goes."""
+        self._client_done = True
+        receiving = self.cycle is not None and self.cycle.more_body
+        answering = self.cycle is not None and not self.cycle.response_complete
+        return bool(answering or self.pipeline) and not (receiving or self._in_head)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_idle_timer()

@@ -5,6 +5,7 @@ serving everyone else."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import time
@@ -244,3 +245,79 @@ def test_large_bodies_arriving_slowly_are_bounded_per_process(start_server: Any)
     finally:
         for sock in held:
             sock.close()
+
+
+def _read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    sock.settimeout(timeout)
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_request_asking_to_switch_protocols_smuggles_nothing(server: ServerProcess) -> None:
+    """``Connection: Upgrade`` with ``Upgrade: h2c`` on a POST: the parser read nothing after
+    its head as HTTP, and its body, arriving a moment later, was run as the next request
+    (probe 8b: a body that was a whole POST to another stream was appended there, and got an
+    answer of its own). A proxy that forwards Upgrade sees one request. Now a body with an
+    Upgrade is refused, once, and the connection closed; a bodyless Upgrade (curl's h2c) is
+    answered as any GET, and a WebSocket handshake is no longer a 500."""
+    stamp = time.time_ns()
+    front, victim = f"hostile/front-{stamp}", f"hostile/victim-{stamp}"
+    for path in (front, victim):
+        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    hidden = (
+        f"POST /v1/stream/{victim} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        "Content-Length: 8\r\n\r\nSMUGGLED"
+    ).encode()
+    head = (
+        f"POST /v1/stream/{front} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        f"Connection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: {len(hidden)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        time.sleep(0.3)
+        with contextlib.suppress(OSError):
+            sock.sendall(hidden)
+        answer = _read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 ") == 1 and _status(answer) == 400, answer[:300]
+    for path in (front, victim):
+        assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b""
+    plain = (
+        f"GET /v1/stream/{front}?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        "HTTP2-Settings: AAMAAABkAAQAoAAA\r\n\r\n"
+    ).encode()
+    handshake = (
+        f"GET /v1/stream/{front}?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    ).encode()
+    for request in (plain, handshake):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(request + hidden)  # a request pipelined after it is not read
+            answer = _read_until_closed(sock)
+        assert answer.count(b"HTTP/1.1 ") == 1 and _status(answer) == 200, answer[:300]
+    assert httpx.get(server.stream_url(victim), params={"offset": "-1"}).content == b""
+    assert "No application configured" not in server.log_path.read_text(errors="replace")
+
+
+def test_a_client_that_half_closes_is_answered(server: ServerProcess) -> None:
+    """A client that sends its requests and then shuts down its side of the connection: the
+    transport closed on its FIN, so appends were committed and never answered (a client
+    retrying one writes it twice), and pipelined ones were dropped (probe 8b). Every request
+    it sent whole is answered, then the connection closes."""
+    path = f"hostile/half-{time.time_ns()}"
+    assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    requests = b"".join(
+        f"POST /v1/stream/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: 2\r\n\r\n{n},".encode()
+        for n in range(3)
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(requests)
+        sock.shutdown(socket.SHUT_WR)
+        answer = _read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 204") == 3, answer[:500]
+    assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"0,1,2,"
