@@ -40,9 +40,11 @@ async def read(
     principal.require(resource or stream_resource(path), Operation.READ)
     if start.at_tail:
         return await reads.stream_meta(path, touch=True), None
-    meta, result = await reads.read_from(
-        path, start.offset, _read_bytes(None), settings.DS_MAX_READ_MESSAGES
-    )
+    limit = _read_bytes(None)
+    with held_answers.reading(limit):
+        meta, result = await reads.read_from(
+            path, start.offset, limit, settings.DS_MAX_READ_MESSAGES
+        )
     stream_ids.note(path, meta.id)
     metrics.CATCH_UP_BYTES.inc(result.size)
     return meta, result
@@ -53,7 +55,9 @@ async def first_read(
 ) -> tuple[StreamMeta, ReadResult]:
     """The read of a live reader right after it subscribed (armed): from the store, at most
     ``max_bytes`` (and DS_MAX_READ_BYTES; always at least one message)."""
-    return await reads.reread(meta, offset, _read_bytes(max_bytes), settings.DS_MAX_READ_MESSAGES)
+    limit = _read_bytes(max_bytes)
+    with held_answers.reading(limit):
+        return await reads.reread(meta, offset, limit, settings.DS_MAX_READ_MESSAGES)
 
 
 async def next_read(
@@ -155,9 +159,9 @@ async def _open_read(
     if start.at_tail:
         meta = await reads.stream_meta(path, touch=True)
         return meta, reads.nothing_at(meta, meta.tail)
-    return await reads.read_from(
-        path, start.offset, _read_bytes(max_bytes), settings.DS_MAX_READ_MESSAGES
-    )
+    limit = _read_bytes(max_bytes)
+    with held_answers.reading(limit):
+        return await reads.read_from(path, start.offset, limit, settings.DS_MAX_READ_MESSAGES)
 
 
 async def _wait_for_data(

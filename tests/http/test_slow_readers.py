@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -490,3 +491,59 @@ def test_answers_held_by_slow_clients_past_the_budget_make_reads_small(
     while first_read() != FULL_READ_BYTES:
         assert time.monotonic() < deadline, "reads stayed small after the slow clients left"
         time.sleep(0.2)
+
+
+def _held_answer_bytes(client: httpx.Client, server: ServerProcess) -> float:
+    metrics = client.get(f"{server.base_url}/metrics").text
+    found = re.search(r"^ds_held_answer_bytes(?:\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
+    assert found is not None
+    return float(found.group(1))
+
+
+def test_reads_begun_together_and_sse_events_count_against_the_budget(
+    start_server: object, client: httpx.Client
+) -> None:
+    """The budget of held answers was checked before each read and counted only once its
+    answer was being sent: 12 clients asking for 8 MiB at once, then never reading, were each
+    given 8 MiB (probe 8b: 100 of them held 3.1 times the budget), and SSE events were not
+    counted at all. Reads under way now count what they may bring, and so do SSE events of more
+    than a block: the 12 hold about the budget, and stalled SSE readers count."""
+    patient = start_server(  # type: ignore[operator]
+        env={
+            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
+            "DS_READ__HELD_ANSWERS_BYTES": str(HELD_BUDGET_BYTES),
+        }
+    )
+    path = "slow/held-together"
+    stream = patient.stream_url(path)
+    assert client.put(stream, headers=BINARY).status_code == 201
+    for n in range(16 * 1024 * 1024 // TIGHT_MESSAGE_BYTES):
+        body = bytes([n % 251]) * TIGHT_MESSAGE_BYTES
+        assert client.post(stream, content=body, headers=BINARY).is_success
+    stalled: list[socket.socket] = []
+    try:
+        stalled = [_stalled_at(patient, f"{url(path)}?offset=-1") for _ in range(12)]
+        for sock in stalled:
+            sock.settimeout(30)
+            assert sock.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")
+        held = max(_held_answer_bytes(client, patient) for _ in range(10))
+        # The budget, plus what reads that began while it was not yet reached may bring.
+        assert held <= HELD_BUDGET_BYTES + 2 * FULL_READ_BYTES, held
+        for sock in stalled:
+            sock.close()
+        stalled = []
+        deadline = time.monotonic() + MARGIN_SECS
+        while _held_answer_bytes(client, patient) > 0:
+            assert time.monotonic() < deadline, "the stalled answers were never let go"
+            time.sleep(0.2)
+        stalled = [_stalled_at(patient, f"{url(path)}?offset=-1&live=sse") for _ in range(4)]
+        for sock in stalled:
+            sock.settimeout(30)
+            assert sock.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")
+        counted = 0.0
+        while counted <= 0 and time.monotonic() < deadline:
+            counted = _held_answer_bytes(client, patient)
+        assert counted > 0, "stalled SSE readers' events were not counted"
+    finally:
+        for sock in stalled:
+            sock.close()
