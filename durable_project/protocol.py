@@ -79,10 +79,10 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_buffered = 0  # the buffer's size when the write deadline was set
         self._idle_timer: asyncio.TimerHandle | None = None
-        # A request asked to switch protocols: nothing more is read from the connection (and
-        # its body, when it declared one, was refused).
-        self._upgrade_asked = False
-        self._upgrade_refused = False
+        # Nothing more is read from the connection (after a request asked to switch
+        # protocols, or one was refused at its head), and the request's body is ignored.
+        self._reading_done = False
+        self._body_ignored = False
         # The client half-closed its side: what it sent is answered, then the connection closes.
         self._client_done = False
 
@@ -124,7 +124,7 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self._idle_timer = None
 
     def data_received(self, data: bytes) -> None:
-        if self._upgrade_asked:
+        if self._reading_done:
             return  # nothing after a request that asked to switch protocols is HTTP to us
         super().data_received(data)
         # Counted once the parser has had the data: a read that completed the head does not
@@ -150,10 +150,36 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._head_bytes = 0
         self._stop_head_timer()
         self.scope.setdefault("extensions", {})[CUT] = {"cut": self.cut}
+        refusal = self._framing_refusal()
+        if refusal is not None:
+            self._reading_done = self._body_ignored = True
+            self._refuse(*refusal)
+            return
         if self.parser.should_upgrade():
             self._ignore_upgrade()
             return
         super().on_headers_complete()
+
+    def _framing_refusal(self) -> tuple[int, bytes] | None:
+        """What httptools' parser lets through and RFC 9112 does not (probe 8b): a version
+        other than 1.0 and 1.1 (505), a transfer coding other than chunked (501: ``gzip,
+        chunked`` bodies were stored still compressed), and a request target in absolute form
+        whose host is not the Host header (400: the Host header was checked and used, where
+        3.2.2 says the target's host counts)."""
+        if self.parser.get_http_version() not in ("1.0", "1.1"):
+            return 505, b"HTTP/1.1 and HTTP/1.0 only"
+        host = b""
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                if [coding.strip().lower() for coding in value.split(b",")] != [b"chunked"]:
+                    return 501, b"no transfer coding but chunked is supported"
+            elif name == b"host":
+                host = value
+        if self.url[:8].lower().startswith((b"http://", b"https://")):
+            authority = self.url.split(b"/", 3)[2]
+            if authority.lower() != host.strip().lower():
+                return 400, b"the request target's host is not the Host header"
+        return None
 
     def _ignore_upgrade(self) -> None:
         """A request asking to switch protocols (``Upgrade`` with ``Connection: upgrade``, or
@@ -163,22 +189,22 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         to here: the Upgrade is ignored (RFC 9110 7.8), the request answered as any other,
         and the connection closed after it, nothing more read from it. One declaring a body is
         refused (400): the body cannot be read."""
-        self._upgrade_asked = True
+        self._reading_done = True
         declared = {name: value for name, value in self.headers}
         length = declared.get(b"content-length", b"0").strip()
         if b"transfer-encoding" in declared or length.strip(b"0"):
-            self._upgrade_refused = True
+            self._body_ignored = True
             self._refuse(400, b"a request asking to switch protocols cannot have a body here")
             return
         super().on_headers_complete()
         self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
-        if not self._upgrade_refused:
+        if not self._body_ignored:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if not self._upgrade_refused:
+        if not self._body_ignored:
             super().on_message_complete()
 
     def _should_upgrade(self) -> bool:

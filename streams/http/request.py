@@ -151,8 +151,10 @@ def check_host(headers: list[tuple[bytes, bytes]]) -> None:
     verdict = _host_verdicts.get(host)
     if verdict is None:
         text = host.decode("latin-1") if host else ""
-        domain, _ = split_domain_port(text)
-        verdict = bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+        domain, port = split_domain_port(text)
+        # A port that is none (Host: 127.0.0.1:99999999999 was taken, and put in Location).
+        valid_port = not port or (port.isdigit() and 0 < int(port) <= 65535)
+        verdict = bool(domain) and valid_port and validate_host(domain, settings.ALLOWED_HOSTS)
         if len(_host_verdicts) < 1024:
             _host_verdicts[host] = verdict
     if not verdict:

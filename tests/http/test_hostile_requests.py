@@ -321,3 +321,34 @@ def test_a_client_that_half_closes_is_answered(server: ServerProcess) -> None:
         answer = _read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 204") == 3, answer[:500]
     assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"0,1,2,"
+
+
+def test_framing_the_parser_lets_through_is_refused(server: ServerProcess) -> None:
+    """httptools' parser took a transfer coding other than chunked (``gzip, chunked``: the
+    compressed bytes were stored as sent), an ``HTTP/2.0`` request line, a target in absolute
+    form naming another host than the Host header (the Host header was checked and used:
+    RFC 9112 3.2.2 says the target's host counts), and a Host port that is none (put in
+    Location). Each is refused (501, 505, 400, 400) and nothing is written; an absolute-form
+    target naming the Host header's host is served."""
+    path = f"hostile/framing-{time.time_ns()}"
+    assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    head = "Host: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+    for request, status in (
+        (f"POST /v1/stream/{path} HTTP/1.1\r\n{head}Transfer-Encoding: gzip, chunked\r\n\r\n"
+         "1\r\nx\r\n0\r\n\r\n", 501),
+        (f"POST /v1/stream/{path} HTTP/2.0\r\n{head}Content-Length: 1\r\n\r\nx", 505),
+        (f"POST http://evil.example/v1/stream/{path} HTTP/1.1\r\n{head}Content-Length: 1\r\n\r\n"
+         "x", 400),
+        (f"POST /v1/stream/{path} HTTP/1.1\r\nHost: 127.0.0.1:99999999999\r\n"
+         "Content-Type: text/plain\r\nContent-Length: 1\r\n\r\nx", 400),
+    ):  # fmt: skip
+        answer = _exchange(server, request.encode(), timeout=10)
+        assert _status(answer) == status, (request[:60], answer[:200])
+    assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b""
+    served = _exchange(
+        server,
+        f"POST http://127.0.0.1/v1/stream/{path} HTTP/1.1\r\n{head}Content-Length: 2\r\n"
+        "Connection: close\r\n\r\nok".encode(),
+    )
+    assert _status(served) == 204, served[:200]
+    assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"ok"
