@@ -84,8 +84,9 @@ class Credential:
 
 # prefix -> (record, or None for no such key; when it was loaded)
 _records: dict[str, tuple[KeyRecord | None, float]] = {}
-# keys whose hash matched their record: checked once per process
-_matched: set[str] = set()
+# Keys whose hash matched their record, by key id: checked once per process (a change to a key
+# drops its own, without a walk through the others).
+_matched: dict[str, set[str]] = {}
 _lock = threading.Lock()
 # key id -> its lookup in progress, shared by the requests that miss the cache meanwhile
 _lookups: dict[str, asyncio.Future[KeyRecord | None]] = {}
@@ -203,13 +204,13 @@ def _conclude(
 def _key_principal(credential: Credential, record: KeyRecord | None) -> Principal:
     if record is None:
         raise _refused("unknown API key")
-    if credential.key is not None and credential.key not in _matched:
+    if credential.key is not None and credential.key not in _matched.get(record.prefix, ()):
         if not _hasher.verify(credential.key, record.hashed_key):
             raise _refused("unknown API key")
         with _lock:
             if len(_matched) >= MAX_CACHED:
                 _matched.clear()
-            _matched.add(credential.key)
+            _matched.setdefault(record.prefix, set()).add(credential.key)
     if record.revoked:
         raise _refused("this API key was revoked")
     if record.expires_at is not None and record.expires_at.timestamp() <= time.time():
@@ -432,7 +433,7 @@ def forget(payload: str = "") -> None:
         if kind == "key" and prefix:
             _records.pop(prefix, None)
             _lookups.pop(prefix, None)
-            _matched.difference_update([key for key in _matched if key_id_of(key) == prefix])
+            _matched.pop(prefix, None)
             if len(_key_changed) >= MAX_CACHED:
                 _key_changed.clear()
                 _all_changed = _generation

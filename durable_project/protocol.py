@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import re
 import socket
 import struct
 import termios
@@ -66,6 +67,13 @@ _INT = struct.pack("i", 0)
 logger = logging.getLogger(__name__)
 
 
+def _origin(scheme: bytes, authority: bytes) -> bytes:
+    """A host and port as compared: lowercase, without the scheme's default port."""
+    default = b":443" if scheme.lower() == b"https" else b":80"
+    authority = authority.lower()
+    return authority[: -len(default)] if authority.endswith(default) else authority
+
+
 class HttpToolsProtocol(UvicornHttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a request head over ``MAX_HEAD_BYTES`` or slower
     than ``DS_HEAD_TIMEOUT_SECS``, and cutting a connection whose client has not taken what was
@@ -85,6 +93,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         self._body_ignored = False
         # The client half-closed its side: what it sent is answered, then the connection closes.
         self._client_done = False
+        # The answer refusing a request, written once the answers before it are out (_refuse).
+        self._refusal: bytes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """A connection's first request must begin within ``DS_HEAD_TIMEOUT_SECS``: uvicorn
@@ -98,12 +108,15 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         keep-alive timer stops at any byte, and bytes that begin no request (an empty line)
         stopped it for good. A client that half-closed gets no more than its answers."""
         super().on_response_complete()
-        if self.timeout_keep_alive_task is not None and not self._in_head:
-            # Nothing pipelined: uvicorn armed its keep-alive timer.
-            if self._client_done:
-                self.transport.close()
-            else:
-                self._start_idle_timer()
+        if self.timeout_keep_alive_task is None or self._in_head:
+            return  # a pipelined request started, or one is arriving
+        # Nothing pipelined: uvicorn armed its keep-alive timer.
+        if self._refusal is not None:
+            self._send_refusal()
+        elif self._client_done:
+            self.transport.close()
+        else:
+            self._start_idle_timer()
 
     def _start_idle_timer(self) -> None:
         self._stop_idle_timer()
@@ -137,6 +150,8 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self._refuse(431, b"the request's head is too large")
 
     def on_message_begin(self) -> None:
+        if self._reading_done:
+            return  # what the parser still finds in a read after a refusal is not run
         super().on_message_begin()
         self._stop_idle_timer()
         self._in_head = True
@@ -146,13 +161,14 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             )
 
     def on_headers_complete(self) -> None:
+        if self._reading_done:
+            return  # a request pipelined after a refused one, in the same read (review)
         self._in_head = False
         self._head_bytes = 0
         self._stop_head_timer()
         self.scope.setdefault("extensions", {})[CUT] = {"cut": self.cut}
         refusal = self._framing_refusal()
         if refusal is not None:
-            self._reading_done = self._body_ignored = True
             self._refuse(*refusal)
             return
         if self.parser.should_upgrade():
@@ -166,18 +182,22 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         chunked`` bodies were stored still compressed), and a request target in absolute form
         whose host is not the Host header (400: the Host header was checked and used, where
         3.2.2 says the target's host counts)."""
-        if self.parser.get_http_version() not in ("1.0", "1.1"):
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
             return 505, b"HTTP/1.1 and HTTP/1.0 only"
         host = b""
         for name, value in self.headers:
             if name == b"transfer-encoding":
+                if version == "1.0":  # RFC 9112 6.1: faulty framing
+                    return 400, b"HTTP/1.0 has no transfer codings"
                 if [coding.strip().lower() for coding in value.split(b",")] != [b"chunked"]:
                     return 501, b"no transfer coding but chunked is supported"
             elif name == b"host":
                 host = value
-        if self.url[:8].lower().startswith((b"http://", b"https://")):
-            authority = self.url.split(b"/", 3)[2]
-            if authority.lower() != host.strip().lower():
+        scheme, _, rest = self.url.partition(b"://")
+        if scheme.lower() in (b"http", b"https") and rest:
+            authority = re.split(rb"[/?#]", rest, maxsplit=1)[0]
+            if _origin(scheme, authority) != _origin(scheme, host.strip()):
                 return 400, b"the request target's host is not the Host header"
         return None
 
@@ -188,12 +208,12 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         smuggling behind a proxy that forwards ``Upgrade``; probe 8b). No protocol is switched
         to here: the Upgrade is ignored (RFC 9110 7.8), the request answered as any other,
         and the connection closed after it, nothing more read from it. One declaring a body is
-        refused (400): the body cannot be read."""
+        refused (400): llhttp stops at the upgrade, before or after the body depending on how
+        it arrives."""
         self._reading_done = True
         declared = {name: value for name, value in self.headers}
         length = declared.get(b"content-length", b"0").strip()
         if b"transfer-encoding" in declared or length.strip(b"0"):
-            self._body_ignored = True
             self._refuse(400, b"a request asking to switch protocols cannot have a body here")
             return
         super().on_headers_complete()
@@ -218,15 +238,22 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         each one let anyone fill the log."""
 
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio.Protocol's signature
-        """The client half-closed its side of the connection after sending its request:
-        requests it sent whole are answered, then the connection closes. uvicorn let the
-        transport close at once: an append was committed and never answered, and a client
-        retrying it wrote it twice (probe 8b). A request still being received cannot
-        complete: the connection closes now, as when the client goes."""
+        """The client half-closed its side of the connection after sending its request (or
+        closed it: a FIN says no more): a request that changes something, and requests
+        pipelined, are answered, then the connection closes. uvicorn let the transport close
+        at once: an append was committed and never answered, and a client retrying it wrote
+        it twice (probe 8b). A request still being received cannot complete, and a read's
+        answer is not worth keeping the connection for: the connection closes now, as when
+        the client goes (and a live read ends at once)."""
         self._client_done = True
-        receiving = self.cycle is not None and self.cycle.more_body
+        if self._in_head or (self.cycle is not None and self.cycle.more_body):
+            return False
         answering = self.cycle is not None and not self.cycle.response_complete
-        return bool(answering or self.pipeline) and not (receiving or self._in_head)
+        # A FIN is also how a client that has gone away closes: a read (a long-poll, an SSE
+        # connection) is told at once, as before, and its answer is not worth waiting for;
+        # one that changes something, or requests pipelined behind another, are answered.
+        writes = answering and self.cycle.scope["method"] not in ("GET", "HEAD", "OPTIONS")
+        return bool(self.pipeline) or writes
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_idle_timer()
@@ -316,19 +343,30 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self._head_timer = None
 
     def _refuse(self, status: int, message: bytes) -> None:
-        """Answer ``status`` and close the connection (only close it if the answer to a
-        request before is still being sent: two answers cannot be interleaved)."""
+        """Answer ``status`` and close the connection, reading nothing more from it. Answers
+        to requests before it (being sent, or pipelined and waiting their turn) go first: the
+        refusal is written after the last of them (``on_response_complete``). It was not: the
+        connection was closed under them, and a request committed and never answered is
+        written twice by a client that retries it (review)."""
         self._in_head = False
         self._stop_head_timer()
-        if self.cycle is None or self.cycle.response_complete:
-            head = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
-                head += [name, b": ", value, b"\r\n"]
-            head += [
-                b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: %d\r\n" % len(message),
-                b"connection: close\r\n\r\n",
-                message,
-            ]
-            self.transport.write(b"".join(head))
+        self._reading_done = self._body_ignored = True
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: %d\r\n" % len(message),
+            b"connection: close\r\n\r\n",
+            message,
+        ]
+        self._refusal = b"".join(head)
+        if (self.cycle is None or self.cycle.response_complete) and not self.pipeline:
+            self._send_refusal()
+
+    def _send_refusal(self) -> None:
+        self._unset_keepalive_if_required()
+        if not self.transport.is_closing() and self._refusal is not None:
+            self.transport.write(self._refusal)
+        self._refusal = None
         self.transport.close()

@@ -352,3 +352,64 @@ def test_framing_the_parser_lets_through_is_refused(server: ServerProcess) -> No
     )
     assert _status(served) == 204, served[:200]
     assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"ok"
+
+
+def test_requests_around_a_refused_one_are_answered_or_not_run(server: ServerProcess) -> None:
+    """A refusal at the head (here an absolute-form target naming another host) wrote its
+    answer and closed the connection from inside the parser, which went on with the rest of
+    the read: a DELETE pipelined after it ran though the client was told the connection
+    closed, and an append pipelined before it was committed and never answered (found by
+    review). The answers before it go out first, the refusal last, and nothing after it runs."""
+    stamp = time.time_ns()
+    before, victim = f"hostile/before-{stamp}", f"hostile/after-{stamp}"
+    for path in (before, victim):
+        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    requests = (
+        f"POST /v1/stream/{before} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        "Content-Length: 1\r\n\r\nX"
+        f"GET http://evil.example/v1/stream/{before} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        f"DELETE /v1/stream/{victim} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(requests)
+        answer = _read_until_closed(sock)
+    statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3})", answer)]
+    assert statuses == [204, 400], answer[:600]
+    assert httpx.get(server.stream_url(before), params={"offset": "-1"}).content == b"X"
+    assert httpx.head(server.stream_url(victim)).status_code == 200  # not deleted
+
+
+def test_a_live_read_whose_client_closes_ends_at_once(start_server: Any) -> None:
+    """A FIN is also how a client that has gone away closes its connection: after half-closed
+    clients were kept for their answers, long-polls whose clients left went on waiting until
+    their timeout (found by review). A read's answer is not kept for: the long-polls end
+    (ds_live_readers back where it was) long before their 30 s timeout."""
+    server = start_server(env={"DS_SERVER__LONG_POLL_TIMEOUT_SECS": "30"})
+    path = f"hostile/gone-{time.time_ns()}"
+    created = httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"})
+    tail = created.headers["Stream-Next-Offset"]
+
+    def long_polls() -> float:
+        metrics = httpx.get(f"{server.base_url}/metrics").text
+        found = re.search(r'^ds_live_readers\{mode="long-poll"\} (\S+)$', metrics, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    idle = long_polls()
+    socks = []
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(
+            f"GET /v1/stream/{path}?offset={tail}&live=long-poll HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\n\r\n".encode()
+        )
+        socks.append(sock)
+    deadline = time.monotonic() + 10
+    while long_polls() < idle + 5:
+        assert time.monotonic() < deadline, "the long-polls never began"
+        time.sleep(0.05)
+    for sock in socks:
+        sock.close()
+    deadline = time.monotonic() + 15
+    while long_polls() > idle:
+        assert time.monotonic() < deadline, "long-polls of clients that left went on waiting"
+        time.sleep(0.05)
