@@ -247,6 +247,15 @@ def test_large_bodies_arriving_slowly_are_bounded_per_process(start_server: Any)
             sock.close()
 
 
+def _text_streams(server: ServerProcess, *names: str) -> list[str]:
+    """New text streams, one per name: their paths."""
+    stamp = time.time_ns()
+    paths = [f"hostile/{name}-{stamp}" for name in names]
+    for path in paths:
+        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    return paths
+
+
 def _read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
     sock.settimeout(timeout)
     answer = b""
@@ -263,10 +272,7 @@ def test_a_request_asking_to_switch_protocols_smuggles_nothing(server: ServerPro
     answer of its own). A proxy that forwards Upgrade sees one request. Now a body with an
     Upgrade is refused, once, and the connection closed; a bodyless Upgrade (curl's h2c) is
     answered as any GET, and a WebSocket handshake is no longer a 500."""
-    stamp = time.time_ns()
-    front, victim = f"hostile/front-{stamp}", f"hostile/victim-{stamp}"
-    for path in (front, victim):
-        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    front, victim = _text_streams(server, "front", "victim")
     hidden = (
         f"POST /v1/stream/{victim} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
         "Content-Length: 8\r\n\r\nSMUGGLED"
@@ -360,10 +366,7 @@ def test_requests_around_a_refused_one_are_answered_or_not_run(server: ServerPro
     the read: a DELETE pipelined after it ran though the client was told the connection
     closed, and an append pipelined before it was committed and never answered (found by
     review). The answers before it go out first, the refusal last, and nothing after it runs."""
-    stamp = time.time_ns()
-    before, victim = f"hostile/before-{stamp}", f"hostile/after-{stamp}"
-    for path in (before, victim):
-        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+    before, victim = _text_streams(server, "before", "after")
     requests = (
         f"POST /v1/stream/{before} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
         "Content-Length: 1\r\n\r\nX"

@@ -437,6 +437,27 @@ FULL_READ_BYTES = 8 * 1024 * 1024
 TIGHT_MESSAGE_BYTES = 128 * 1024
 
 
+HELD_STREAM_BYTES = 16 * 1024 * 1024
+
+
+def _budgeted(start_server: object, client: httpx.Client, path: str) -> tuple[ServerProcess, str]:
+    """A server holding at most HELD_BUDGET_BYTES of answers, patient with slow clients, and
+    a stream of HELD_STREAM_BYTES there in messages of TIGHT_MESSAGE_BYTES: the server and the
+    stream's URL."""
+    patient = start_server(  # type: ignore[operator]
+        env={
+            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
+            "DS_READ__HELD_ANSWERS_BYTES": str(HELD_BUDGET_BYTES),
+        }
+    )
+    stream = patient.stream_url(path)
+    assert client.put(stream, headers=BINARY).status_code == 201
+    for n in range(HELD_STREAM_BYTES // TIGHT_MESSAGE_BYTES):
+        body = bytes([n % 251]) * TIGHT_MESSAGE_BYTES
+        assert client.post(stream, content=body, headers=BINARY).is_success
+    return patient, stream
+
+
 def test_answers_held_by_slow_clients_past_the_budget_make_reads_small(
     start_server: object, client: httpx.Client
 ) -> None:
@@ -447,19 +468,9 @@ def test_answers_held_by_slow_clients_past_the_budget_make_reads_small(
     answers each, and meanwhile another client reads one message per request, yet the whole
     stream; once they leave, a read carries 8 MiB again (what was held was given back). Before,
     every read carried 8 MiB whatever the process held."""
-    patient = start_server(  # type: ignore[operator]
-        env={
-            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
-            "DS_READ__HELD_ANSWERS_BYTES": str(HELD_BUDGET_BYTES),
-        }
-    )
     path = "slow/held-budget"
-    stream = patient.stream_url(path)
-    total = 16 * 1024 * 1024
-    assert client.put(stream, headers=BINARY).status_code == 201
-    for n in range(total // TIGHT_MESSAGE_BYTES):
-        body = bytes([n % 251]) * TIGHT_MESSAGE_BYTES
-        assert client.post(stream, content=body, headers=BINARY).is_success
+    patient, stream = _budgeted(start_server, client, path)
+    total = HELD_STREAM_BYTES
 
     def first_read() -> int:
         response = client.get(stream, params={"offset": "-1"})
@@ -508,18 +519,8 @@ def test_reads_begun_together_and_sse_events_count_against_the_budget(
     given 8 MiB (probe 8b: 100 of them held 3.1 times the budget), and SSE events were not
     counted at all. Reads under way now count what they may bring, and so do SSE events of more
     than a block: the 12 hold about the budget, and stalled SSE readers count."""
-    patient = start_server(  # type: ignore[operator]
-        env={
-            "DS_SERVER__SEND_TIMEOUT_SECS": "120",
-            "DS_READ__HELD_ANSWERS_BYTES": str(HELD_BUDGET_BYTES),
-        }
-    )
     path = "slow/held-together"
-    stream = patient.stream_url(path)
-    assert client.put(stream, headers=BINARY).status_code == 201
-    for n in range(16 * 1024 * 1024 // TIGHT_MESSAGE_BYTES):
-        body = bytes([n % 251]) * TIGHT_MESSAGE_BYTES
-        assert client.post(stream, content=body, headers=BINARY).is_success
+    patient, _ = _budgeted(start_server, client, path)
     stalled: list[socket.socket] = []
     try:
         stalled = [_stalled_at(patient, f"{url(path)}?offset=-1") for _ in range(12)]
