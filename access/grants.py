@@ -100,6 +100,13 @@ class Principal:
         """What records of who did something store; None for nobody in particular."""
         return f"{self.kind}:{self.id}" if self.authenticated else None
 
+    @property
+    def holder(self) -> str | None:
+        """Whose limits this principal's requests count against (a key's signed URLs count as
+        the key: ``access.ratelimit``, ``streams.live_readers``); None for nobody in
+        particular."""
+        return f"key:{self.id}" if self.kind == "signed-url" else self.label
+
     def allows(self, resource: str, operation: Operation) -> bool:
         return self.unrestricted or any(g.covers(resource, operation) for g in self.grants)
 

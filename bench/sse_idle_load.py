@@ -249,6 +249,8 @@ def main() -> int:
         "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS": "0",
         # Open access, as bench/compare.py runs it: production's default (keys) answers 401.
         "DS_AUTH__MODE": "open",
+        # One client stands for all the readers: no limit per client (streams.live_readers).
+        "DS_LIVE__MAX_PER_CLIENT": "0",
         "DS_LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }

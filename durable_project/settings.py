@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -209,6 +210,22 @@ LOGGING = {
 
 # Long-poll wait before 204 (PROTOCOL.md 5.7). The conformance suite wants it under 4 s.
 DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0)
+
+
+def _descriptor_share(share: float) -> int:
+    """``share`` of this process's descriptor limit (0 when it has none)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 0 if soft == resource.RLIM_INFINITY else int(soft * share)
+
+
+# Live reads (long-polls waiting, SSE connections) one client may hold per process (429 past
+# it), and the process in all (503 past it; by default four fifths of its descriptor limit, so
+# live reads cannot take the descriptors every other connection, the pool and files need):
+# streams.live_readers. 0: no limit.
+DS_LIVE_MAX_PER_CLIENT = env.int("DS_LIVE__MAX_PER_CLIENT", default=2000)
+DS_LIVE_MAX_READERS = env.int("DS_LIVE__MAX_READERS", default=_descriptor_share(0.8))
+if DS_LIVE_MAX_PER_CLIENT < 0 or DS_LIVE_MAX_READERS < 0:
+    raise ImproperlyConfigured("DS_LIVE__MAX_PER_CLIENT and DS_LIVE__MAX_READERS must be 0 or more")
 # An idle SSE connection gets a comment this often, so proxies and clients keep it open.
 DS_SSE_KEEPALIVE_SECS = env.float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.

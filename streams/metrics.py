@@ -204,6 +204,10 @@ ARRIVING_BODY_BYTES = _metric(
     "gauge", "ds_arriving_body_bytes", "Bytes of request bodies held while they arrive"
 )
 LIVE_READERS = _metric("gauge", "ds_live_readers", "Live readers waiting or streaming", ("mode",))
+LIVE_REFUSALS = _metric(
+    "counter", "ds_live_refusals",
+    "Live reads refused, by the limit they met (client: 429, process: 503)", ("limit",),
+)  # fmt: skip
 NOTIFY_LAG = _metric(
     "histogram", "ds_notify_lag_seconds",
     "Time from an append's commit to its NOTIFY reaching this process", buckets=LATENCY_BUCKETS,

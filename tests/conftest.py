@@ -168,7 +168,13 @@ class ServerProcess:
         self.process = subprocess.Popen(
             argv, cwd=ROOT, env=environment, stdout=self._log, stderr=subprocess.STDOUT
         )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            # Not ready, or the run interrupted meanwhile: nobody else knows of it to stop it
+            # (one was left serving for 90 minutes).
+            self.stop()
+            raise
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 30

@@ -50,6 +50,7 @@ async def long_poll(request: Request) -> Response:
     meta, result = await services.long_poll(
         path=request.path,
         principal=request.principal,
+        client=request.client(),
         start=_start(request),
         resource=request.resource,
     )
@@ -75,6 +76,7 @@ async def server_sent_events(request: Request, send: ResponseSender, origin: str
     async with services.live_read(
         path=request.path,
         principal=request.principal,
+        client=request.client(),
         start=_start(request),
         mode="sse",
         resource=request.resource,

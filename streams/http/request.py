@@ -66,6 +66,15 @@ class Request:
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
+    def client(self) -> str:
+        """Whom limits per client count this request against: its credentials' holder, or
+        without any (open mode) the address it comes from (behind a proxy, as the proxy
+        tells it: uvicorn's ``--forwarded-allow-ips``)."""
+        if self.principal.holder is not None:
+            return self.principal.holder
+        peer = self.scope.get("client")
+        return f"address:{peer[0]}" if peer else "address:unknown"
+
     def query_value(self, name: str) -> str | None:
         values = self.query.get(name)
         if not values:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from django.conf import settings
 
 from access.grants import Operation, Principal, stream_resource
-from streams import held_answers, metrics
+from streams import held_answers, live_readers, metrics
 from streams.live import Subscription, hub
 from streams.protocol.offsets import Offset, ReadStart
 from streams.store import reads
@@ -103,6 +103,7 @@ async def live_read(
     *,
     path: str,
     principal: Principal,
+    client: str,
     start: ReadStart,
     mode: str,
     resource: str | None = None,
@@ -111,7 +112,8 @@ async def live_read(
     """Begin a live read (``mode``: long-poll or sse, PROTOCOL.md 5.7, 5.8): subscribed to
     the stream's changes and armed, the stream (TTL renewed) and its data from ``start`` (at
     the tail: none; at most ``max_bytes``, as ``first_read``), the start validated (400,
-    410). The subscription and the reader's count last while the block runs.
+    410). The subscription and the reader's count last while the block runs; ``client``'s
+    live reads and the process's are limited (``streams.live_readers``: 429, 503).
 
     One statement reads the stream and its data, after subscribing: the subscription needs the
     stream's id, which this process remembers from earlier reads of the path (``stream_ids``).
@@ -119,34 +121,45 @@ async def live_read(
     created again), the read learns the id from the stream's metadata, subscribes to it and
     reads the data after that."""
     principal.require(resource or stream_resource(path), Operation.READ)
-    known = stream_ids.get(path)
-    if known is not None:
-        async with hub.subscribe(known) as subscription, live_reader(mode):
+    with live_readers.admitted(client, mode):
+        known = stream_ids.get(path)
+        if known is not None:
+            async with hub.subscribe(known) as subscription:
+                subscription.arm()
+                meta, result = await _open_read(path, start, max_bytes)
+                if meta.id == known:
+                    yield subscription, meta, result
+                    return
+            offset = result.start
+        else:
+            meta = await reads.stream_meta(path, touch=True)
+            offset = start.offset or (meta.tail if start.at_tail else meta.start)
+        stream_ids.note(path, meta.id)
+        async with hub.subscribe(meta.id) as subscription:
             subscription.arm()
-            meta, result = await _open_read(path, start, max_bytes)
-            if meta.id == known:
-                yield subscription, meta, result
-                return
-        offset = result.start
-    else:
-        meta = await reads.stream_meta(path, touch=True)
-        offset = start.offset or (meta.tail if start.at_tail else meta.start)
-    stream_ids.note(path, meta.id)
-    async with hub.subscribe(meta.id) as subscription, live_reader(mode):
-        subscription.arm()
-        meta, result = await first_read(meta, offset, max_bytes)
-        yield subscription, meta, result
+            meta, result = await first_read(meta, offset, max_bytes)
+            yield subscription, meta, result
 
 
 async def long_poll(
-    *, path: str, principal: Principal, start: ReadStart, resource: str | None = None
+    *,
+    path: str,
+    principal: Principal,
+    client: str,
+    start: ReadStart,
+    resource: str | None = None,
 ) -> tuple[StreamMeta, ReadResult | None]:
     """A long-poll (PROTOCOL.md 5.7): the data at ``start``, or, when there is none, whatever
     comes within the long-poll timeout; None when the wait ended without any (timeout, the
     stream closed at the reader's offset, or the process shutting down)."""
     deadline = time.monotonic() + settings.DS_LONG_POLL_TIMEOUT_SECS
     async with live_read(
-        path=path, principal=principal, start=start, mode="long-poll", resource=resource
+        path=path,
+        principal=principal,
+        client=client,
+        start=start,
+        mode="long-poll",
+        resource=resource,
     ) as (subscription, meta, result):
         return await _wait_for_data(subscription, meta, result, deadline)
 
@@ -206,14 +219,3 @@ class StreamIds:
 
 # At most 4,096 paths of at most 1 KiB (streams.http.request.MAX_PATH_BYTES): a few MiB.
 stream_ids = StreamIds(4096)
-
-
-@contextlib.asynccontextmanager
-async def live_reader(mode: str) -> AsyncIterator[None]:
-    """Count a live reader (``ds_live_readers``) while it waits or streams."""
-    gauge = metrics.LIVE_READERS.labels(mode)
-    gauge.inc()
-    try:
-        yield
-    finally:
-        gauge.dec()
