@@ -98,6 +98,12 @@ def check_url(url: str, *, allow_loopback: bool) -> WebhookTarget:
         raise rejected("webhook.url must not carry credentials")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
         raise rejected("webhook.url contains spaces or control characters")
+    try:
+        # What name resolution encodes the host as: an empty label (a..b) or one longer than 63
+        # characters is no host name (the resolver's UnicodeError was a 500: probe 9c).
+        host.encode("idna")
+    except UnicodeError:
+        raise rejected(f"webhook.url's host is not a valid host name ({host[:100]})") from None
     loopback = _is_loopback_host(host)
     if loopback and allow_loopback:
         return WebhookTarget(url, scheme, host, port or _default_port(scheme), loopback=True)

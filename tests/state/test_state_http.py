@@ -1054,3 +1054,29 @@ def test_registry_event_timestamps_are_inlined(pg: Any) -> None:
     plan = pg.execute("EXPLAIN (VERBOSE, FORMAT JSON) SELECT ds_rfc3339(now())").fetchone()[0]
     (output,) = plan[0]["Plan"]["Output"]
     assert output.startswith("to_char("), output
+
+
+def _nested_event(key: str, depth: int) -> bytes:
+    """An append of one change whose value nests ``depth`` objects deep (written out: the
+    test's own encoder has Python's limits too)."""
+    event = f'{{"type":"t","key":"{key}","headers":{{"operation":"insert"}},"value":'
+    return b"[" + event.encode() + b'{"a":' * depth + b"1" + b"}" * depth + b"}]"
+
+
+def test_a_value_nested_past_the_limit_cannot_break_the_entities_list(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """Probe 9c: an event whose value nested 956-967 deep was stored, and from then on every
+    read of the stream's entities answered 500 (decoding it again in a Django thread, deeper in
+    the stack, passed Python's limit). JSON nests at most 128 levels now (an append's array and
+    its event take two of them): the deepest value allowed reads back, a deeper one is refused
+    and stores nothing."""
+    create_json_stream(client, stream_path)
+    register_ok(client, stream_path)
+    url = f"/v1/stream/{stream_path}"
+    assert client.post(url, headers=JSON, content=_nested_event("deep", 126)).status_code == 204
+    for depth in (127, 960):
+        refused = client.post(url, headers=JSON, content=_nested_event("deeper", depth))
+        assert refused.status_code == 400, refused.text
+    found = entities(client, stream_path)
+    assert [(e["key"], json.dumps(e["value"]).count("{")) for e in found] == [("deep", 126)]

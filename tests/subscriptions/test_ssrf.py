@@ -43,6 +43,9 @@ REFUSED = [
     ("shared address space", "https://100.64.0.1/hook"),
     ("multicast", "https://224.0.0.1/hook"),
     ("not a URL", "https://[::1/hook"),
+    # A 500 before (probe 9c): the resolver could not encode the name.
+    ("empty label", "https://a..b/hook"),
+    ("label past 63 characters", f"https://{'a' * 64}.example.com/hook"),
 ]
 
 
