@@ -30,12 +30,11 @@ async def create(request: Request) -> Response:
     expires_header = request.header("stream-expires-at")
     if ttl_header is not None and expires_header is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
-    content_type = request.header("content-type")
     result = await services.create_stream(
         path=request.path,
         principal=request.principal,
         resource=request.resource,
-        content_type=content_type.strip() if content_type is not None else None,
+        content_type=request.header("content-type"),
         ttl_seconds=h.parse_ttl(ttl_header) if ttl_header is not None else None,
         expires_at=h.parse_expires_at(expires_header) if expires_header is not None else None,
         closed=h.is_true(request.header("stream-closed")),
@@ -74,13 +73,12 @@ def _fork_spec(request: Request) -> ForkSpec | None:
         return None
     sub = 0
     if sub_offset is not None:
-        sub_text = sub_offset.strip()
-        if not h.ascii_digits(sub_text) or len(sub_text) > 15:
+        if not h.ascii_digits(sub_offset) or len(sub_offset) > 15:
             raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
-        sub = int(sub_text)
+        sub = int(sub_offset)
     return ForkSpec(
-        source_path=stream_path(source.strip().removeprefix(STREAM_ROUTE).lstrip("/")),
-        offset=parse(offset.strip()) if offset is not None else None,
+        source_path=stream_path(source.removeprefix(STREAM_ROUTE).lstrip("/")),
+        offset=parse(offset) if offset is not None else None,
         sub_offset=sub,
     )
 
@@ -109,7 +107,7 @@ async def trim(request: Request) -> Response:
         raise BadRequest("Stream-Trim-Before cannot be combined with an append or a close")
     if await request.body(TRIM_BODY_LIMIT):
         raise BadRequest("a trim (Stream-Trim-Before) carries no body")
-    value = (request.header(TRIM_BEFORE) or "").strip()
+    value = request.header(TRIM_BEFORE) or ""
     result = await services.trim_stream(
         path=request.path,
         principal=request.principal,

@@ -176,10 +176,24 @@ def _decode_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
         raise HeadersTooLarge(f"request headers exceed {MAX_HEADER_BYTES} bytes")
     for name, value in raw:
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        # Repeated headers combine as a comma-separated list (RFC 9110 5.3).
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        # Without the whitespace around it, which is HTTP's (space and tab: RFC 9110 5.5), and
+        # only that: str.strip() also took NEL and no-break space away (probe 9b).
+        text = value.decode("latin-1").strip(" \t")
+        if key not in headers:
+            headers[key] = text
+        elif _single_valued(key):
+            raise BadRequest(f"header {key} given more than once")
+        else:
+            # Repeated headers combine as a comma-separated list (RFC 9110 5.3).
+            headers[key] = f"{headers[key]}, {text}"
     return headers
+
+
+def _single_valued(key: str) -> bool:
+    """Headers with one value: the protocol's own, a body's type and credentials. Combined
+    as lists, two ``Stream-Closed: true`` were no close, and ``Stream-Seq: 5`` with
+    ``Stream-Seq: 1`` the sequence ``5, 1`` (probe 9b)."""
+    return key.startswith(("stream-", "producer-")) or key in ("content-type", "authorization")
 
 
 def stream_path(encoded: str) -> str:

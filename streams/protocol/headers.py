@@ -1,4 +1,6 @@
-"""Request headers of the base protocol: TTL, expiry, closure, content types, producers."""
+"""Request headers of the base protocol: TTL, expiry, closure, content types, producers.
+
+Values come without the whitespace around them (``streams.http.request``)."""
 
 from __future__ import annotations
 
@@ -55,16 +57,15 @@ _POSITIVE_RE = re.compile(r"[1-9][0-9]*")
 
 def parse_positive(name: str, value: str, limit: int) -> int:
     """A positive decimal integer header of at most ``limit`` (400 otherwise)."""
-    text = value.strip()
-    if not _POSITIVE_RE.fullmatch(text):
+    if not _POSITIVE_RE.fullmatch(value):
         raise BadRequest(f"{name} must be a positive integer, got {value[:32]!r}")
-    if len(text) > 16 or int(text) > limit:
+    if len(value) > 16 or int(value) > limit:
         raise BadRequest(f"{name} may be at most {limit}")
-    return int(text)
+    return int(value)
 
 
 def parse_expires_at(value: str) -> datetime:
-    match = _RFC3339_RE.fullmatch(value.strip())
+    match = _RFC3339_RE.fullmatch(value)
     if match is None:
         raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value[:64]!r}")
     text = match.group(0)
@@ -81,7 +82,7 @@ def parse_expires_at(value: str) -> datetime:
 
 def is_true(value: str | None) -> bool:
     """``Stream-Closed`` counts only when it is exactly ``true``, any case (PROTOCOL.md 4.1)."""
-    return value is not None and value.strip().lower() == "true"
+    return value is not None and value.lower() == "true"
 
 
 def ascii_digits(text: str) -> bool:
@@ -138,13 +139,13 @@ def parse_producer(
     if not all(given):
         raise BadRequest("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
     assert producer_id is not None and epoch is not None and seq is not None
-    if producer_id.strip() == "":
+    if producer_id == "":
         raise BadRequest("Producer-Id must not be empty")
     bounded("Producer-Id", producer_id, MAX_PRODUCER_ID_BYTES)
     return ProducerTuple(
         producer_id=producer_id,
-        epoch=_producer_integer("Producer-Epoch", epoch.strip()),
-        seq=_producer_integer("Producer-Seq", seq.strip()),
+        epoch=_producer_integer("Producer-Epoch", epoch),
+        seq=_producer_integer("Producer-Seq", seq),
     )
 
 

@@ -11,6 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import ServerProcess
+from tests.http.test_hostile_requests import _exchange, _status
+
 TEXT = {"Content-Type": "text/plain"}
 JSON = {"Content-Type": "application/json"}
 CLOSE = {"Stream-Closed": "true"}
@@ -144,3 +147,74 @@ def test_json_nests_at_most_128_levels(client: httpx.Client, stream_path: str, k
     value = json.loads(deepest)
     stored = client.get(url, params={"offset": "-1"}).json()
     assert stored == (value if kind == "array" else [value]) + strings
+
+
+@pytest.mark.parametrize(
+    "repeated",
+    [
+        [("Stream-Closed", "true"), ("Stream-Closed", "true")],
+        [("Stream-Seq", "5"), ("Stream-Seq", "1")],
+        [("Content-Type", "text/plain"), ("Content-Type", "text/plain")],
+        [
+            ("Producer-Id", "p"),
+            ("Producer-Id", "q"),
+            ("Producer-Epoch", "0"),
+            ("Producer-Seq", "0"),
+        ],
+    ],
+    ids=["closed", "seq", "content-type", "producer-id"],
+)
+def test_a_protocol_header_sent_twice_is_refused(
+    client: httpx.Client, stream_path: str, repeated: list[tuple[str, str]]
+) -> None:
+    """Probe 9b: repeated headers were combined as a list, so two ``Stream-Closed: true`` were
+    answered 204 without closing, and ``Stream-Seq`` 5 and 1 stored the sequence ``5, 1``,
+    which refused a later 5. A protocol header sent twice is a 400 that changes nothing."""
+    url = _url(stream_path)
+    assert client.put(url, headers=TEXT).status_code == 201
+    headers = repeated if repeated[0][0] == "Content-Type" else [*TEXT.items(), *repeated]
+    answer = client.post(url, headers=headers, content="x")
+    assert answer.status_code == 400, answer.text
+    assert "given more than once" in answer.text
+    head = client.head(url)
+    assert "Stream-Closed" not in head.headers and head.headers["Stream-Next-Offset"]
+    assert client.get(url, params={"offset": "-1"}).text == ""
+    assert client.post(url, headers=TEXT | {"Stream-Seq": "5"}, content="y").status_code == 204
+
+
+def test_header_values_lose_only_http_whitespace(
+    client: httpx.Client, server: ServerProcess, stream_path: str
+) -> None:
+    """Probe 9b: values were trimmed with str.strip(), which also takes NEL (0x85) and no-break
+    space (0xA0) away, so ``Producer-Seq: 0<A0>`` was a sequence number and a PUT took
+    ``application/json<85>`` that the same stream's POST refused. Space and tab around a value
+    are HTTP's and are dropped everywhere, ``Stream-TTL`` included (it refused them)."""
+    url = _url(stream_path)
+    producer = [("Producer-Id", "p"), ("Producer-Epoch", "0")]
+    assert client.put(url, headers=TEXT).status_code == 201
+    for end in (b"\xa0", b"\x85"):
+        seq = [*TEXT.items(), *producer, ("Producer-Seq", b"0" + end)]
+        assert client.post(url, headers=seq, content="x").status_code == 400
+        typed = client.put(f"{url}-typed", headers=[("Content-Type", b"application/json" + end)])
+        assert typed.status_code == 400, typed.text
+        retention = [*TEXT.items(), ("Stream-Retention-Max-Age", b"60" + end)]
+        assert client.put(f"{url}-kept", headers=retention).status_code == 400
+    assert client.get(url, params={"offset": "-1"}).text == ""
+    # httpx refuses to send whitespace around a value: on a socket of the test's own.
+    target = f"{url}-spaced".encode()
+    head = b"Host: 127.0.0.1\r\nContent-Type: text/plain\t\r\nContent-Length: 1\r\n"
+    created = _exchange(
+        server,
+        b"PUT "
+        + target
+        + b" HTTP/1.1\r\n"
+        + head
+        + b"Stream-TTL: 600 \t\r\nConnection: close\r\n\r\nx",
+    )
+    assert _status(created) == 201, created
+    spaced = (
+        b"Producer-Id: p\r\nProducer-Epoch:  0\t\r\nProducer-Seq: \t0 \r\n"
+        b"Connection: close\r\n\r\ny"
+    )
+    assert _status(_exchange(server, b"POST " + target + b" HTTP/1.1\r\n" + head + spaced)) == 200
+    assert client.get(f"{url}-spaced", params={"offset": "-1"}).text == "xy"
