@@ -1080,3 +1080,24 @@ def test_a_value_nested_past_the_limit_cannot_break_the_entities_list(
         assert refused.status_code == 400, refused.text
     found = entities(client, stream_path)
     assert [(e["key"], json.dumps(e["value"]).count("{")) for e in found] == [("deep", 126)]
+
+
+def test_urls_that_are_not_utf8_are_refused(client: httpx.Client, stream_path: str) -> None:
+    """Probe 9b: Django read %FF as U+FFFD, so two URLs named one state stream (a DELETE through
+    either removed it), and list filters matched what nobody sent. They are 400s now, as the
+    protocol endpoints answer them."""
+    path = f"{stream_path}-\ufffd"
+    create_json_stream(client, path)
+    register_ok(client, path)
+    encoded = f"{STATE}/streams/{stream_path}-"
+    assert client.get(encoded + "%EF%BF%BD").status_code == 200
+    for url in (
+        encoded + "%FF",
+        f"{STATE}/entities?stream={stream_path}-%FF",
+        "/v1/streams?prefix=%ff",
+    ):
+        answer = client.get(url)
+        assert answer.status_code == 400, (url, answer.text)
+        assert answer.json()["code"] == "BAD_REQUEST"
+    assert client.delete(encoded + "%FF").status_code == 400
+    assert client.get(encoded + "%EF%BF%BD").status_code == 200
