@@ -34,6 +34,9 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Scope = dict[str, Any]
 
 MAX_PATH_BYTES = 1024
+# A request body must bring this much (or end) within each DS_BODY_READ_TIMEOUT_SECS, as an
+# answer's client must take as much (durable_project.protocol.SEND_PROGRESS_BYTES).
+BODY_PROGRESS_BYTES = 64 * 1024
 # All request headers together; HTTP servers commonly allow 8-64 KiB.
 MAX_HEADER_BYTES = 64 * 1024
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -96,11 +99,12 @@ SMALL_BODY_BYTES = 1024 * 1024
 
 async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     """A request body of at most ``limit`` bytes (413 as soon as it is known to be larger),
-    whose parts each arrive within ``DS_BODY_READ_TIMEOUT_SECS`` (408: a client that stops
-    sending must not hold the request open forever). A body past ``SMALL_BODY_BYTES`` is
-    refused (503, retry) while the bodies arriving in this process hold
-    ``DS_ARRIVING_BODIES_BYTES``: a client holding large bodies open, a byte within each
-    timeout, held them all (probe 7c: 24 bodies of 64 MiB, 1 GiB more per worker)."""
+    arriving at ``BODY_PROGRESS_BYTES`` (or its end) per ``DS_BODY_READ_TIMEOUT_SECS`` at
+    least (408 otherwise: a client that sent a byte within each timeout held its connection,
+    and so a descriptor, for as long as it liked; 40,000 of them took every descriptor of both
+    processes: probe 9a). A body past ``SMALL_BODY_BYTES`` is refused (503, retry) while the
+    bodies arriving in this process hold ``DS_ARRIVING_BODIES_BYTES``: a client holding large
+    bodies open held them all (probe 7c: 24 bodies of 64 MiB, 1 GiB more per worker)."""
     declared = int(content_length) if content_length and ascii_digits(content_length) else None
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
@@ -109,14 +113,17 @@ async def read_body(receive: Receive, content_length: str | None, limit: int) ->
     chunks: list[bytes] = []
     size = 0
     timeout = settings.DS_BODY_READ_TIMEOUT_SECS
+    loop = asyncio.get_running_loop()
+    deadline, progress = loop.time() + timeout, 0
     try:
         while True:
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     message = await receive()
             except TimeoutError:
                 raise RequestTimeout(
-                    f"no part of the request body arrived for {timeout:g}s"
+                    f"the request body arrived slower than {BODY_PROGRESS_BYTES} bytes per "
+                    f"{timeout:g}s"
                 ) from None
             if message["type"] == "http.disconnect":
                 raise ClientDisconnected
@@ -129,6 +136,9 @@ async def read_body(receive: Receive, content_length: str | None, limit: int) ->
                 _count_arriving(len(chunk))
                 size += len(chunk)
                 chunks.append(chunk)
+                progress += len(chunk)
+                if progress >= BODY_PROGRESS_BYTES:
+                    deadline, progress = loop.time() + timeout, 0
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:

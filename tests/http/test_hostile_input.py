@@ -7,6 +7,7 @@ Each test names the defect it pins; all failed on commit 53fc172.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -224,6 +225,46 @@ def test_incomplete_bodies_time_out(impatient_server: Any, path: str) -> None:
     answer = _raw(impatient_server.port, request, read_timeout=15)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert time.monotonic() - started < 14
+
+
+@pytest.mark.parametrize("path", ["/v1/state/streams", "/v1/stream/x"])
+def test_a_body_dripping_in_times_out(impatient_server: Any, path: str) -> None:
+    """Probe 9a: a body sent a byte at a time, each within the timeout, held its connection for
+    as long as its client liked (40,000 of them took every descriptor of both processes). A body
+    must bring 64 KiB, or end, within each timeout: this one is answered 408 while it drips."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: 100000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", impatient_server.port), timeout=10) as sock:
+        sock.sendall(head)
+        sock.settimeout(0.2)
+        answer = b""
+        for _ in range(50):  # 10 s of drops, ten times the timeout
+            with contextlib.suppress(TimeoutError):
+                answer = sock.recv(65536)
+            if answer:
+                break
+            sock.sendall(b"x")
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_a_slow_body_that_keeps_coming_is_taken(impatient_server: Any, stream_path: str) -> None:
+    """A slow link is not a dripping client: 64 KiB a little more often than the timeout is
+    taken whole, however long the body takes."""
+    block = b"y" * 65536
+    with httpx.Client(base_url=impatient_server.base_url, timeout=30) as client:
+        url = f"/v1/stream/{stream_path}"
+        assert client.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+
+        def blocks() -> Iterator[bytes]:
+            for _ in range(4):
+                yield block
+                time.sleep(0.7)
+
+        answer = client.post(url, headers={"Content-Type": "text/plain"}, content=blocks())
+        assert answer.status_code == 204, answer.text
+        assert len(client.get(url, params={"offset": "-1"}).content) == 4 * len(block)
 
 
 @pytest.fixture(scope="module")
