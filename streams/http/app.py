@@ -47,7 +47,7 @@ from streams.http.responses import (
     preflight,
     send_response,
 )
-from streams.http.sending import ResponseSender
+from streams.http.sending import BodyWatch, ResponseSender
 from streams.store.failures import refusal_for
 from streams.store.pool import is_connection_failure
 
@@ -75,7 +75,8 @@ async def serve(
     origin = origin_bytes.decode("latin-1") if origin_bytes else None
     method = scope["method"].upper()
     # Every message of the answer goes through it (streams.http.sending).
-    sender = ResponseSender(send, scope)
+    receive = BodyWatch(receive, scope)
+    sender = ResponseSender(send, scope, receive)
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")
         answer = preflight(requested.decode("latin-1") if requested else None)

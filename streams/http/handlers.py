@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from access.grants import Operation, stream_resource
 from streams import services
 from streams.errors import BadRequest
 from streams.http import render
@@ -24,12 +25,21 @@ TRIM_BEFORE = "stream-trim-before"
 TRIM_BODY_LIMIT = 1024
 
 
+def _may_send_body(request: Request, operation: Operation) -> None:
+    """Judged before the body is read (the service judges again, with everything else): a
+    body its sender may not send is not taken. In ``keys`` mode anyone could make a process
+    hold 64 MiB bodies, or connections for as long as their bodies took, before a 401
+    (probe 9a)."""
+    request.principal.require(request.resource or stream_resource(request.path), operation)
+
+
 async def create(request: Request) -> Response:
     """PUT: create a stream or a fork, idempotently (PROTOCOL.md 5.1, 4.2)."""
     ttl_header = request.header("stream-ttl")
     expires_header = request.header("stream-expires-at")
     if ttl_header is not None and expires_header is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
+    _may_send_body(request, Operation.MANAGE)
     result = await services.create_stream(
         path=request.path,
         principal=request.principal,
@@ -86,6 +96,7 @@ def _fork_spec(request: Request) -> ForkSpec | None:
 async def append(request: Request) -> Response:
     """POST: append, optionally close, optionally as an idempotent producer (PROTOCOL.md 5.2)."""
     wanted = h.parse_append_headers(request.header)
+    _may_send_body(request, Operation.APPEND)
     body = await request.body(settings.DS_MAX_REQUEST_BYTES)
     result = await services.append(
         path=request.path,

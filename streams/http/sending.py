@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from durable_project.protocol import CUT
-from streams.http.request import ClientDisconnected, Scope, Send
+from streams.http.request import ClientDisconnected, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
@@ -26,22 +26,46 @@ class ClientTooSlow(ClientDisconnected):
     """The client did not take a response message in time; its connection was cut."""
 
 
+class BodyWatch:
+    """A request's ``receive``, noting whether its body has all arrived (``pending``)."""
+
+    __slots__ = ("_receive", "pending")
+
+    def __init__(self, receive: Receive, scope: Scope) -> None:
+        self._receive = receive
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length", b"").strip().lstrip(b"0")
+        self.pending = bool(length) or b"transfer-encoding" in headers
+
+    async def __call__(self) -> dict[str, Any]:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            self.pending = False
+        return message
+
+
 class ResponseSender:
     """The ``send`` of one request: ``await sender(message)``, and with ``until`` (a
     ``time.monotonic()`` deadline) a send not done by then cuts the connection and raises
     ``ClientTooSlow``. Notes whether the response began (``started``), which an error then can
-    no longer replace."""
+    no longer replace. An answer begun before the request's body has all arrived (``body``:
+    a refusal) closes the connection after it, rather than keep it open for the rest of a body
+    nobody will read (probe 9a: a client refused went on sending a byte at a time)."""
 
-    __slots__ = ("_scope", "_send", "started")
+    __slots__ = ("_body", "_scope", "_send", "started")
 
-    def __init__(self, send: Send, scope: Scope) -> None:
+    def __init__(self, send: Send, scope: Scope, body: BodyWatch | None = None) -> None:
         self._send = send
         self._scope = scope
+        self._body = body
         self.started = False
 
     async def __call__(self, message: dict[str, Any], *, until: float | None = None) -> None:
         # Noted before the send: a start the server failed on may have begun the response.
-        self.started = self.started or message["type"] == "http.response.start"
+        if message["type"] == "http.response.start":
+            self.started = True
+            if self._body is not None and self._body.pending:
+                message = message | {"headers": [*message["headers"], (b"connection", b"close")]}
         if until is None or until == math.inf:
             await self._send(message)
             return

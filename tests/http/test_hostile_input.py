@@ -324,3 +324,32 @@ def test_an_expiry_past_the_last_year_in_utc_is_refused(
     expires = {"Stream-Expires-At": "9999-12-31T23:59:59-23:59", "Content-Type": "text/plain"}
     assert client.put(f"/v1/stream/{stream_path}", headers=expires).status_code == 400
     assert client.head(f"/v1/stream/{stream_path}").status_code == 404
+
+
+def test_a_body_its_sender_may_not_send_is_not_waited_for(
+    start_server: Any, database_url: str
+) -> None:
+    """Probe 9a: in ``keys`` mode a body was read before its sender was judged, so anyone could
+    make a process hold 64 MiB bodies, or a connection for as long as its body took to drip
+    in, before hearing 401. The refusal comes at the head now, and the connection closes after
+    it rather than wait for a body nobody will read."""
+    from tests.access.support import create_key
+
+    server = start_server(env={"DS_AUTH__MODE": "keys"})
+    reader = create_key(database_url, "body-reader", "stream/bodies/:read")
+    for method, credentials, status in (
+        ("POST", "", 401),
+        ("PUT", "", 401),
+        ("POST", f"Authorization: Bearer {reader}\r\n", 403),
+    ):
+        head = (
+            f"{method} /v1/stream/bodies/x HTTP/1.1\r\nHost: 127.0.0.1\r\n{credentials}"
+            f"Content-Type: text/plain\r\nContent-Length: 1000000\r\n\r\nonly the start"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                answer += chunk
+        assert answer.startswith(f"HTTP/1.1 {status}".encode()), (method, answer[:300])
+        assert b"connection: close" in answer.lower()
