@@ -47,9 +47,13 @@ from streams.protocol.offsets import Offset
 logger = logging.getLogger(__name__)
 
 CHANNEL = "ds_streams"
-# Recent local appends kept per watched stream, and the largest one worth keeping.
+# Recent local appends kept per watched stream, the largest one worth keeping, and the bytes
+# kept per stream and per process: 64 appends of 256 KiB for each of a client's watched
+# streams made 16 MiB a stream, without a bound on their number (probe 9a).
 RECENT_APPENDS = 64
 RECENT_MAX_BYTES = 256 * 1024
+RECENT_STREAM_BYTES = 1024 * 1024
+RECENT_TOTAL_BYTES = 64 * 1024 * 1024
 # How long a mark keeps a stream watched, and how old a mark is renewed (seconds): a process
 # may fail to renew for WATCH_SECS - WATCH_REFRESH_SECS before its readers miss anything.
 WATCH_SECS = 60.0
@@ -111,13 +115,59 @@ class Subscription:
         return not self.ended
 
 
+@dataclass(slots=True)
+class _Kept:
+    entries: deque[Appended]
+    size: int = 0
+
+
+class RecentAppends:
+    """The appends kept per watched stream (``Appended``), within RECENT_APPENDS and
+    RECENT_STREAM_BYTES a stream and RECENT_TOTAL_BYTES in all: past those the oldest go, or,
+    for an append the process has no room for, the stream's (its readers re-read the store)."""
+
+    __slots__ = ("_by_stream", "size")
+
+    def __init__(self) -> None:
+        self._by_stream: dict[int, _Kept] = {}
+        self.size = 0
+
+    def get(self, stream_id: int) -> deque[Appended] | None:
+        kept = self._by_stream.get(stream_id)
+        return kept.entries if kept is not None else None
+
+    def add(self, stream_id: int, entry: Appended) -> None:
+        size = entry.end.pos - entry.start.pos
+        if size > RECENT_MAX_BYTES or self.size + size > RECENT_TOTAL_BYTES:
+            self.forget(stream_id)  # too big to keep: readers re-read
+            return
+        kept = self._by_stream.setdefault(stream_id, _Kept(deque()))
+        kept.entries.append(entry)
+        kept.size += size
+        self.size += size
+        while len(kept.entries) > RECENT_APPENDS or kept.size > RECENT_STREAM_BYTES:
+            oldest = kept.entries.popleft()
+            gone = oldest.end.pos - oldest.start.pos
+            kept.size -= gone
+            self.size -= gone
+
+    def forget(self, stream_id: int) -> None:
+        kept = self._by_stream.pop(stream_id, None)
+        if kept is not None:
+            self.size -= kept.size
+
+    def clear(self) -> None:
+        self._by_stream.clear()
+        self.size = 0
+
+
 class LiveHub:
     def __init__(self) -> None:
         self._subscriptions: dict[int, set[Subscription]] = {}
         # Highest (next_seq, state) seen per watched stream, so the NOTIFY that follows a local
         # publish of the same change does not wake readers a second time.
         self._seen: dict[int, tuple[int, str]] = {}
-        self._recent: dict[int, deque[Appended]] = {}
+        self._recent = RecentAppends()
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,7 +203,7 @@ class LiveHub:
                 if not subscribers:
                     del self._subscriptions[stream_id]
                     self._seen.pop(stream_id, None)
-                    self._recent.pop(stream_id, None)
+                    self._recent.forget(stream_id)
 
     def publish(
         self, stream_id: int, next_seq: int, closed: bool, appended: Iterable[Appended] = ()
@@ -201,11 +251,7 @@ class LiveHub:
     def _remember(self, stream_id: int, entry: Appended) -> None:
         if not self._wants(stream_id, entry.start.seq):
             return
-        recent = self._recent.setdefault(stream_id, deque(maxlen=RECENT_APPENDS))
-        if entry.end.pos - entry.start.pos > RECENT_MAX_BYTES:
-            recent.clear()  # too big to keep: readers re-read
-        else:
-            recent.append(entry)
+        self._recent.add(stream_id, entry)
 
     def local_delivery(
         self, stream_id: int, offset: Offset, max_bytes: int, max_messages: int
@@ -365,10 +411,10 @@ class LiveHub:
             if state == "t":
                 # Trimmed: what is kept may be before its new start, and is not to be handed
                 # out (probe 8a). Readers at the tail are not woken: nothing new for them.
-                self._recent.pop(stream_id, None)
+                self._recent.forget(stream_id)
                 return
             if state == "d":
-                self._recent.pop(stream_id, None)
+                self._recent.forget(stream_id)
             elif len(parts) == 7 and self._wants(stream_id, int(parts[3])):
                 self._remember(stream_id, _notified(parts[3:], closed=state == "c"))
             if (stream_id, next_seq) in self._lag_marks:

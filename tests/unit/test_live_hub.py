@@ -118,3 +118,34 @@ def test_the_renewal_of_watch_marks_restarts_when_a_reader_subscribes(
 
     asyncio.run(scenario())
     assert marked == [[7], [8]]
+
+
+def test_what_is_kept_is_bounded_per_stream_and_per_process() -> None:
+    """Probe 9a: 64 appends of up to 256 KiB were kept per watched stream, 16 MiB each, for as
+    many streams as a client watched (10 streams: 161 MiB more per worker). A stream keeps at
+    most 1 MiB of its newest appends, the process 64 MiB in all; past that a stream keeps
+    nothing (its readers re-read), and what is kept is always the newest, contiguous."""
+    hub = LiveHub()
+    streams = range(100)
+    for stream_id in streams:
+        hub._subscriptions[stream_id] = {Subscription()}
+    block = b"x" * (200 * 1024)
+    for seq in range(10):
+        start, end = Offset(seq, seq * len(block)), Offset(seq + 1, (seq + 1) * len(block))
+        for stream_id in streams:
+            hub.publish(stream_id, seq + 1, False, [Appended(start, end, (block,), False)])
+    assert hub._recent.size <= 64 * 1024 * 1024
+    kept = [hub._recent.get(stream_id) for stream_id in streams]
+    assert sum(1 for entries in kept if entries) >= 64 * 1024 // 1024 - 1
+    for stream_id, entries in zip(streams, kept, strict=True):
+        if not entries:
+            assert hub.local_delivery(stream_id, Offset(9, 9 * len(block)), 1 << 30, 1000) is None
+            continue
+        assert sum(e.end.pos - e.start.pos for e in entries) <= 1024 * 1024
+        assert entries[-1].end == Offset(10, 10 * len(block))
+        first = entries[0].start
+        delivery = hub.local_delivery(stream_id, first, 1 << 30, 1000)
+        assert delivery is not None and delivery.end == Offset(10, 10 * len(block))
+    hub._recent.forget(0)
+    hub._recent.clear()
+    assert hub._recent.size == 0
