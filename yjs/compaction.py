@@ -190,12 +190,18 @@ def compact_in_thread(stream_id: int) -> Compaction | CompactionFailure | None:
 # compaction re-checks in the database).
 _covered: dict[int, int] = {}
 _tails: dict[int, int] = {}
+# Documents tracked at most: past it the hints start over (they were kept for every document
+# ever appended to, deleted ones included: probe 9a).
+MAX_TRACKED = 10_000
 _running: set[int] = set()
 _tasks: set[asyncio.Task[None]] = set()
 
 
 def after_append(stream_id: int, tail: Offset) -> None:
     """Called after an append to a document commits: compact when over the threshold."""
+    if stream_id not in _tails and len(_tails) >= MAX_TRACKED:
+        _tails.clear()
+        _covered.clear()
     _tails[stream_id] = max(tail.pos, _tails.get(stream_id, 0))
     _maybe_schedule(stream_id)
 
