@@ -9,6 +9,7 @@ from urllib.parse import unquote_to_bytes
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.cache import patch_vary_headers
+from psycopg_pool import PoolTimeout
 
 from streams.http.responses import cors_headers, preflight
 from streams.store.failures import refusal_for
@@ -117,10 +118,15 @@ class DatabaseErrorMiddleware:
         # Django wraps the driver's errors; the driver's own is the cause.
         cause = exception.__cause__ or exception
         if is_connection_failure(cause):
-            logger.warning("database unavailable for %s: %s", request.path, cause)
+            # A pool whose connections are all taken is a busy server, not a database gone
+            # (probe 9a: the answer said the database was unavailable).
+            busy = isinstance(cause, PoolTimeout)
+            logger.warning(
+                "database %s for %s: %s", "busy" if busy else "unavailable", request.path, cause
+            )
+            detail = "the server is busy" if busy else "the database is unavailable"
             response = JsonResponse(
-                {"detail": "the database is unavailable; retry later", "code": "UNAVAILABLE"},
-                status=503,
+                {"detail": f"{detail}; retry later", "code": "UNAVAILABLE"}, status=503
             )
             response["Retry-After"] = str(RETRY_AFTER_SECS)
             return response

@@ -7,6 +7,9 @@ registration and its backfill see the stream at one exact tail and no append sli
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,7 @@ from streams.errors import (
     Forbidden,
     Gone,
     NotFound,
+    ServiceUnavailable,
 )
 from streams.models import Stream
 from streams.protocol.headers import JSON, media_type
@@ -41,6 +45,26 @@ class Registered:
 class CaughtUp:
     stream_id: int
     applied: int  # messages materialized by this call
+
+
+# Registering, unregistering and rebuilding make or drop a stream's whole state, holding one of
+# the process's few Django connections for as long as that takes (seconds for a long stream),
+# and those of the same stream wait for its lock with a connection each: 12 at once took every
+# connection, and other clients' requests answered 503 (probe 9a). One at a time per process;
+# another meanwhile is refused at once, before it takes a connection.
+_rebuilding = threading.Lock()
+
+
+@contextmanager
+def one_rebuild_at_a_time() -> Iterator[None]:
+    if not _rebuilding.acquire(blocking=False):
+        raise ServiceUnavailable(
+            "another state registration is being made or undone on this server; retry shortly"
+        )
+    try:
+        yield
+    finally:
+        _rebuilding.release()
 
 
 def locked_stream(path: str) -> Stream:
@@ -88,7 +112,7 @@ def register_state_stream(
         raise BadRequest(f"invalid JSON Schema: {exc.message}") from None
     except RecursionError:
         raise BadRequest("invalid JSON Schema: nested too deep") from None
-    with transaction.atomic():
+    with one_rebuild_at_a_time(), transaction.atomic():
         stream = locked_stream(path)
         if media_type(stream.content_type) != JSON:
             raise Conflict(f"stream {path!r} is {stream.content_type}, not application/json")
@@ -130,7 +154,7 @@ def unregister_state_stream(*, path: str) -> None:
     """Drop a registration and its materialized state (the stream itself stays)."""
     if path == REGISTRY_PATH:
         raise Forbidden("the registry is always a state stream")
-    with transaction.atomic():
+    with one_rebuild_at_a_time(), transaction.atomic():
         stream = locked_stream(path)
         deleted, _ = StateStream.objects.filter(stream=stream).delete()
         if not deleted:
@@ -140,7 +164,7 @@ def unregister_state_stream(*, path: str) -> None:
 
 def rebuild_state_stream(*, path: str, progress: Progress | None = None) -> RebuildResult:
     """Recompute a registered stream's state from its first message."""
-    with transaction.atomic():
+    with one_rebuild_at_a_time(), transaction.atomic():
         stream = locked_stream(path)
         registration = StateStream.objects.filter(stream=stream).first()
         if registration is None:

@@ -1101,3 +1101,42 @@ def test_urls_that_are_not_utf8_are_refused(client: httpx.Client, stream_path: s
         assert answer.json()["code"] == "BAD_REQUEST"
     assert client.delete(encoded + "%FF").status_code == 400
     assert client.get(encoded + "%EF%BF%BD").status_code == 200
+
+
+def test_one_registration_at_a_time_and_others_refused_at_once(
+    server: ServerProcess, database_url: str, stream_path: str
+) -> None:
+    """Probe 9a: registrations of one long stream, 12 at once, each waited for the stream's lock
+    holding one of the process's four Django connections, and other clients' requests were
+    answered 503 "the database is unavailable". A process makes one registration at a time:
+    another meanwhile is refused at once (503, Retry-After) and holds nothing, and the rest of
+    the API is answered as usual."""
+    first, second = f"{stream_path}/first", f"{stream_path}/second"
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        create_json_stream(client, first)
+        create_json_stream(client, second)
+        with psycopg.connect(database_url, autocommit=False) as holder:
+            # The first registration waits for this lock: it is under way meanwhile.
+            holder.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", [first])
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                registering = pool.submit(register, client, first)
+                deadline = time.monotonic() + 10
+                while not _waits_for_a_lock(database_url):
+                    assert time.monotonic() < deadline, "the registration never began"
+                    time.sleep(0.05)
+                refused = register(client, second)
+                assert refused.status_code == 503, refused.text
+                assert refused.headers["Retry-After"] == "1"
+                assert client.get("/v1/streams", params={"prefix": stream_path}).status_code == 200
+                holder.rollback()
+                assert registering.result(timeout=30).status_code == 201
+        assert register(client, second).status_code == 201
+
+
+def _waits_for_a_lock(database_url: str) -> bool:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        ).fetchone()
+    return bool(found and found[0])
