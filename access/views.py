@@ -18,6 +18,7 @@ from access import signing
 from access.grants import Operation
 from access.rest import principal_of
 from streams.errors import BadRequest, Forbidden
+from streams.rest import StrictIntegerField
 
 
 class WhoAmISerializer(serializers.Serializer):
@@ -50,7 +51,7 @@ class SignedUrlRequestSerializer(serializers.Serializer):
     prefix = serializers.CharField(
         required=False, help_text="A resource prefix instead, e.g. 'stream/rooms/'"
     )
-    expires_in = serializers.IntegerField(
+    expires_in = StrictIntegerField(
         min_value=1, default=3600, help_text="Seconds the URL stays valid"
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
@@ -12,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from streams.errors import ProtocolError
+from streams.protocol.headers import ascii_digits
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -41,3 +43,15 @@ class Pagination(PageNumberPagination):
     page_size = 100
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer as JSON writes one, or a string of ASCII digits. DRF's own takes whatever
+    Python's int() takes: " 30 ", "٣٠٠" (other scripts' digits), "1_0", "30.0" (probe 9b)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            self.fail("invalid")
+        if isinstance(data, str) and not ascii_digits(data.removeprefix("-")):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))

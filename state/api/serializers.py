@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from state.models import EntityState, StateStream
+from streams.rest import StrictIntegerField
 
 
 class RegistrationRequestSerializer(serializers.Serializer):
@@ -21,7 +22,7 @@ class RegistrationRequestSerializer(serializers.Serializer):
         default=None,
         help_text="Compact the stream: keep per (type, key) only its latest change event",
     )
-    tombstone_seconds = serializers.IntegerField(
+    tombstone_seconds = StrictIntegerField(
         required=False,
         allow_null=True,
         default=None,

@@ -139,6 +139,30 @@ def test_signed_urls_are_minted_only_for_valid_stream_paths(
     assert minted.status_code == 400, minted.text
 
 
+@pytest.mark.parametrize(
+    ("expires_in", "status"),
+    [
+        (60, 201),
+        ("60", 201),
+        ("\u0663\u0660\u0660", 400),
+        (" 30 ", 400),
+        ("1_0", 400),
+        ("30.0", 400),
+    ],
+)
+def test_a_signed_urls_lifetime_is_an_integer_as_json_writes_one(
+    server: ServerProcess, tenant: dict[str, str], expires_in: object, status: int
+) -> None:
+    """Probe 9b: the lifetime took whatever Python's int() takes, Arabic-Indic digits and
+    spaces included (DRF's IntegerField)."""
+    minted = httpx.post(
+        server.base_url + "/v1/auth/signed-urls",
+        json={"stream": "tenant-a/x", "expires_in": expires_in},
+        headers=tenant,
+    )
+    assert minted.status_code == status, minted.text
+
+
 def test_a_path_cannot_write_lines_into_the_log(server: ServerProcess) -> None:
     """The request line logged the decoded path as it came: ``%0a`` began a forged line (with
     a request id and a status of the sender's choosing), ``%0d`` and terminal escapes hid
