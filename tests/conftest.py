@@ -48,6 +48,9 @@ TEST_SERVER_ENV = {
     # The tests' webhook receivers (and the conformance suite's) listen on 127.0.0.1; the
     # refusal of loopback webhooks is tested with servers without this (tests/subscriptions).
     "DS_SUBSCRIPTIONS__ALLOW_LOOPBACK_WEBHOOKS": "true",
+    # Every server of the session shares one __registry__, which compacts past this many new
+    # events: not under tests that read its history (tests/state/test_compaction.py asks).
+    "DS_STATE__COMPACTION_MIN_EVENTS": "1000000",
 }
 
 
