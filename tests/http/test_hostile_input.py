@@ -17,7 +17,9 @@ import aiohttp
 import httpx
 import pytest
 
+from tests.access.support import create_key
 from tests.http.test_bad_input import snapshot
+from tests.http.test_hostile_requests import _exchange
 
 TEXT = {"Content-Type": "text/plain"}
 JSON = {"Content-Type": "application/json"}
@@ -333,8 +335,6 @@ def test_a_body_its_sender_may_not_send_is_not_waited_for(
     make a process hold 64 MiB bodies, or a connection for as long as its body took to drip
     in, before hearing 401. The refusal comes at the head now, and the connection closes after
     it rather than wait for a body nobody will read."""
-    from tests.access.support import create_key
-
     server = start_server(env={"DS_AUTH__MODE": "keys"})
     reader = create_key(database_url, "body-reader", "stream/bodies/:read")
     for method, credentials, status in (
@@ -346,10 +346,6 @@ def test_a_body_its_sender_may_not_send_is_not_waited_for(
             f"{method} /v1/stream/bodies/x HTTP/1.1\r\nHost: 127.0.0.1\r\n{credentials}"
             f"Content-Type: text/plain\r\nContent-Length: 1000000\r\n\r\nonly the start"
         ).encode()
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(head)
-            answer = b""
-            while chunk := sock.recv(65536):  # until the server closes the connection
-                answer += chunk
+        answer = _exchange(server, head, timeout=10)  # what came before the server closed
         assert answer.startswith(f"HTTP/1.1 {status}".encode()), (method, answer[:300])
         assert b"connection: close" in answer.lower()
