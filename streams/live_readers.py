@@ -27,21 +27,21 @@ _total = 0
 
 
 @contextmanager
-def admitted(client: str, mode: str) -> Iterator[None]:
-    """Count a live read of ``client`` (``mode``: long-poll or sse) while it waits or streams;
-    refused past the limits."""
+def admitted(client: str | None, mode: str) -> Iterator[None]:
+    """Count a live read of ``client`` (``mode``: long-poll or sse; None: counted in the
+    process's total only) while it waits or streams; refused past the limits."""
     global _total
-    per_client = settings.DS_LIVE_MAX_PER_CLIENT
-    held = _by_client.get(client, 0)
-    if per_client and held >= per_client:
+    held = _by_client.get(client, 0) if client is not None else 0
+    if client is not None and 0 < settings.DS_LIVE_MAX_PER_CLIENT <= held:
         metrics.LIVE_REFUSALS.labels("client").inc()
         raise TooManyRequests(
             f"this client already holds {held} live reads on this server process", retry_after=1
         )
-    if settings.DS_LIVE_MAX_READERS and _total >= settings.DS_LIVE_MAX_READERS:
+    if 0 < settings.DS_LIVE_MAX_READERS <= _total:
         metrics.LIVE_REFUSALS.labels("process").inc()
         raise ServiceUnavailable("this server process holds all the live reads it may")
-    _by_client[client] = held + 1
+    if client is not None:
+        _by_client[client] = held + 1
     _total += 1
     gauge = metrics.LIVE_READERS.labels(mode)
     gauge.inc()
@@ -50,12 +50,7 @@ def admitted(client: str, mode: str) -> Iterator[None]:
     finally:
         gauge.dec()
         _total -= 1
-        left = _by_client[client] - 1
-        if left:
-            _by_client[client] = left
-        else:
-            del _by_client[client]
-
-
-def held_by(client: str) -> int:
-    return _by_client.get(client, 0)
+        if client is not None:
+            left = _by_client.pop(client) - 1
+            if left:
+                _by_client[client] = left

@@ -69,10 +69,13 @@ class Request:
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
 
-    def client(self) -> str:
+    def client(self) -> str | None:
         """Whom limits per client count this request against: its credentials' holder, or
         without any (open mode) the address it comes from (behind a proxy, as the proxy
-        tells it: uvicorn's ``--forwarded-allow-ips``)."""
+        tells it: uvicorn's ``--forwarded-allow-ips``). None for a Yjs service's secret: the
+        operator's own backend, or every client of the service at once."""
+        if self.principal.kind == "service":
+            return None
         if self.principal.holder is not None:
             return self.principal.holder
         peer = self.scope.get("client")

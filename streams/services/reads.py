@@ -103,7 +103,7 @@ async def live_read(
     *,
     path: str,
     principal: Principal,
-    client: str,
+    client: str | None,
     start: ReadStart,
     mode: str,
     resource: str | None = None,
@@ -145,7 +145,7 @@ async def long_poll(
     *,
     path: str,
     principal: Principal,
-    client: str,
+    client: str | None,
     start: ReadStart,
     resource: str | None = None,
 ) -> tuple[StreamMeta, ReadResult | None]:

@@ -124,3 +124,17 @@ def test_a_full_process_refuses_live_reads_until_one_ends(start_server: Any) -> 
             held.pop().close()
             _admitted_again(http, url).close()
         assert value(scrape(server), "ds_live_refusals_total", limit="process") == 1
+
+
+def test_a_yjs_services_secret_is_counted_in_the_process_only(start_server: Any) -> None:
+    """A Yjs service's secret is the operator's own backend, or every client of the service at
+    once: its live reads count in the process's total, not against a client's limit."""
+    server = start_server(
+        env={"DS_LIVE__MAX_PER_CLIENT": "2", "YJS_SERVICE_SECRETS": "limits=limits-secret"}
+    )
+    url = f"{server.base_url}/v1/yjs/limits/docs/doc-{time.time_ns()}"
+    secret = {"Authorization": "Bearer limits-secret"}
+    with httpx.Client(timeout=10) as http:
+        assert http.put(url, headers=secret).status_code == 201
+        with _following(http, url, 4, **secret):
+            pass
