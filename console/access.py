@@ -62,6 +62,15 @@ def refusal(request: HttpRequest, error: ProtocolError, *, page: bool) -> HttpRe
     return JsonResponse({"error": error.message, "code": error.code}, status=error.status)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: a form refused by Django's CSRF check (a stale page, a forged
+    post) gets the console's error page with its security headers, not Django's bare one."""
+    error = Forbidden(
+        "the form was not sent from this site's page, or the page is stale: reload it"
+    )
+    return _secured(refusal(request, error, page=True))
+
+
 def _staff(user: Any) -> bool:
     return bool(user.is_active and user.is_staff)
 

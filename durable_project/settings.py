@@ -42,6 +42,7 @@ ALLOWED_HOSTS = env.list(
     "DJANGO_ALLOWED_HOSTS", default=["*"] if DEBUG else ["localhost", "127.0.0.1", "[::1]"]
 )
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+CSRF_FAILURE_VIEW = "console.access.csrf_failure"
 # Behind TLS (README, Production): the admin's and console's session and CSRF cookies only
 # over HTTPS, HSTS for this long, and the proxy's header that says a request came over HTTPS
 # (e.g. X-Forwarded-Proto; only if the proxy always sets it). Off by default so that a

@@ -273,6 +273,11 @@ def test_refusals_carry_the_security_headers_and_speak_json_to_scripts(
     )
     assert wrong.status_code == 405
     assert "script-src 'self'" in wrong.headers["Content-Security-Policy"]
+    # A form without its CSRF token was Django's bare 403 page (left by probe 7d).
+    forged = superuser.post(f"/console/append/{missing}", data={"body": "x"})
+    assert forged.status_code == 403
+    assert "script-src 'self'" in forged.headers["Content-Security-Policy"]
+    assert "no-store" in forged.headers["Cache-Control"]
 
 
 def test_the_state_page_shows_a_bounded_number_of_entity_types(
