@@ -6,6 +6,7 @@ Shared by the stream endpoint and the Yjs endpoint, which answer the same result
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from django.conf import settings
 
@@ -141,10 +142,17 @@ def body_parts(meta: StreamMeta, result: ReadResult) -> bytes | list[bytes | mem
 
 
 def absolute_url(request: Request) -> str:
-    """The URL the request was sent to (for Location headers)."""
+    """The URL the request was sent to (for Location headers), with what a URL may not hold
+    as it is (``"<>`` and the like, which the parser lets through) percent-encoded; escapes
+    already there are kept."""
     host = request.header("host") or "localhost"
     scheme = request.scope.get("scheme", "http")
-    return f"{scheme}://{host}{request.raw_path}"
+    path = quote(request.raw_path.encode("latin-1"), safe=_URL_PATH_CHARACTERS)
+    return f"{scheme}://{host}{path}"
+
+
+# RFC 3986's unreserved characters, sub-delims, ":", "@", "/" and "%" (escapes kept).
+_URL_PATH_CHARACTERS = "-._~!$&'()*+,;=:@/%"
 
 
 def _matches(etag: str, if_none_match: str) -> bool:

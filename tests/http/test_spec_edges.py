@@ -218,3 +218,14 @@ def test_header_values_lose_only_http_whitespace(
     )
     assert _status(_exchange(server, b"POST " + target + b" HTTP/1.1\r\n" + head + spaced)) == 200
     assert client.get(f"{url}-spaced", params={"offset": "-1"}).text == "xy"
+
+
+def test_location_holds_only_what_a_url_may(server: ServerProcess, stream_path: str) -> None:
+    """``"<>`` in a path, which the parser lets through, were echoed as sent in ``Location``
+    (left by probe 8b): they are percent-encoded, escapes sent are kept."""
+    target = f'/v1/stream/{stream_path}-%20"<>|'.encode()
+    request = b"PUT " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    answer = _exchange(server, request)
+    assert _status(answer) == 201, answer
+    (location,) = [line for line in answer.split(b"\r\n") if line.lower().startswith(b"location:")]
+    assert location.endswith(f"/v1/stream/{stream_path}-%20%22%3C%3E%7C".encode()), location
