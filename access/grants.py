@@ -115,10 +115,7 @@ class Principal:
         if self.allows(resource, operation):
             return
         if not self.authenticated:
-            raise Unauthorized(
-                "this server requires an API key: send Authorization: Bearer <key>",
-                headers={"WWW-Authenticate": 'Bearer realm="durable-streams"'},
-            )
+            raise credentials_required()
         raise Forbidden(f"{self.label} may not {operation.value} {resource}")
 
     def readable_stream_prefixes(self) -> list[str] | None:
@@ -135,6 +132,14 @@ class Principal:
             if grant.prefix.startswith(STREAM_RESOURCE):
                 prefixes.append(grant.prefix[len(STREAM_RESOURCE) :])
         return prefixes
+
+
+def credentials_required() -> Unauthorized:
+    """The refusal of a request without credentials where they are needed."""
+    return Unauthorized(
+        "this server requires an API key: send Authorization: Bearer <key>",
+        headers={"WWW-Authenticate": 'Bearer realm="durable-streams"'},
+    )
 
 
 ANONYMOUS = Principal("anonymous")

@@ -3,21 +3,28 @@
 Django's ASGI handler reads the whole request body, spooling it to a temporary file, before
 any view or limit sees it, and waits for it as long as the client likes. This guard reads the
 body first, with the same rules as the protocol endpoints: at most
-``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (413 as soon as it is known to be larger) and each part
-within ``DS_BODY_READ_TIMEOUT_SECS`` (408). It also refuses NUL characters in the path and
-query string (400), which no URL of the site uses and PostgreSQL cannot store.
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (413 as soon as it is known to be larger), arriving at
+64 KiB per ``DS_BODY_READ_TIMEOUT_SECS`` (408). A body sent to the REST API (``/v1/``) is
+read only once its credentials are known good (401 at the head otherwise, as the protocol
+endpoints answer: probe 10b). It also refuses URLs with NUL characters, which no URL of the
+site uses and PostgreSQL cannot store, and URLs that are not UTF-8 once percent-decoded
+(Django reads such bytes as U+FFFD: ``/v1/state/streams/x%FF`` and ``x%EF%BF%BD`` named one
+state stream, probe 9b); 400 both.
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qs, unquote_to_bytes
 
 from django.conf import settings
 
+from access.auth import authenticate
+from access.grants import credentials_required
 from streams.errors import BadRequest, ProtocolError
 from streams.http.request import ClientDisconnected, Receive, Scope, Send, read_body
 from streams.http.responses import error_response, send_response
+from streams.http.sending import BodyWatch, ResponseSender
 
 ASGIApp = Any
 
@@ -27,19 +34,24 @@ def guarded(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        body_watch = BodyWatch(receive, scope)
         try:
             _check_url(scope)
             headers = dict(scope.get("headers", []))
+            if body_watch.pending and scope.get("path", "").startswith("/v1/"):
+                await _require_credentials(headers, scope)
             length = headers.get(b"content-length")
             body = await read_body(
-                receive,
+                body_watch,
                 length.decode("latin-1") if length is not None else None,
                 settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
             )
         except ClientDisconnected:
             return
         except ProtocolError as error:
-            await send_response(send, error_response(error), None)
+            # Refused before its body was read: the connection closes after the answer.
+            sender = ResponseSender(send, scope, body_watch)
+            await send_response(sender, error_response(error), None)
             return
         await app(scope, _replay(body, receive), send)
 
@@ -49,8 +61,27 @@ def guarded(app: ASGIApp) -> ASGIApp:
 def _check_url(scope: Scope) -> None:
     raw = scope.get("raw_path") or scope.get("path", "").encode()
     query = scope.get("query_string", b"")
-    if b"\x00" in unquote_to_bytes(raw) or b"\x00" in unquote_to_bytes(query):
+    try:
+        path = unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+        arguments = unquote_to_bytes(query.replace(b"+", b" ")).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the URL is not UTF-8 once percent-decoded") from None
+    if "\x00" in path or "\x00" in arguments:
         raise BadRequest("NUL characters are not allowed in URLs")
+
+
+async def _require_credentials(headers: dict[bytes, bytes], scope: Scope) -> None:
+    """Credentials good for the REST API, judged as its views will judge them (not counted
+    against a rate limit twice); none at all in ``keys`` mode is a 401."""
+    authorization = headers.get(b"authorization")
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    principal = await authenticate(
+        authorization.decode("latin-1") if authorization is not None else None,
+        query,
+        rate_limited=False,
+    )
+    if not (principal.authenticated or principal.unrestricted):
+        raise credentials_required()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from urllib.parse import unquote_to_bytes
 
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -54,30 +53,6 @@ class ApiHeadersMiddleware:
             else:
                 response[name] = value
         return response
-
-
-class Utf8UrlMiddleware:
-    """A URL whose path or query is not UTF-8 once percent-decoded is a 400, as the protocol
-    endpoints answer it (``streams.http.request.stream_path``). Django reads such bytes as
-    U+FFFD, so ``/v1/state/streams/x%FF`` and ``x%EF%BF%BD`` named one state stream (probe
-    9b), and filters matched what nobody sent."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        scope = getattr(request, "scope", {})
-        raw_path = scope.get("raw_path") or request.path.encode()
-        query = scope.get("query_string") or request.META.get("QUERY_STRING", "").encode()
-        try:
-            unquote_to_bytes(raw_path.split(b"?", 1)[0]).decode("utf-8")
-            unquote_to_bytes(query).decode("utf-8")
-        except UnicodeDecodeError:
-            return JsonResponse(
-                {"detail": "the URL is not UTF-8 once percent-decoded", "code": "BAD_REQUEST"},
-                status=400,
-            )
-        return self.get_response(request)
 
 
 class ReleaseDatabaseMiddleware:

@@ -82,7 +82,6 @@ MIDDLEWARE = [
     "durable_project.middleware.ReleaseDatabaseMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "durable_project.middleware.ApiHeadersMiddleware",
-    "durable_project.middleware.Utf8UrlMiddleware",
     "durable_project.middleware.DatabaseErrorMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -349,3 +349,13 @@ def test_a_body_its_sender_may_not_send_is_not_waited_for(
         answer = _exchange(server, head, timeout=10)  # what came before the server closed
         assert answer.startswith(f"HTTP/1.1 {status}".encode()), (method, answer[:300])
         assert b"connection: close" in answer.lower()
+    # The REST API's writes too (probe 10b): their bodies were read, up to 2.5 MB each and for
+    # as long as they took, before their credentials were judged.
+    for credentials in ("", "Authorization: Bearer made.up\r\n"):
+        head = (
+            f"POST /v1/state/streams HTTP/1.1\r\nHost: 127.0.0.1\r\n{credentials}"
+            f"Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n{{"
+        ).encode()
+        answer = _exchange(server, head, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+        assert b"connection: close" in answer.lower()
