@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -416,3 +417,45 @@ def test_a_live_read_whose_client_closes_ends_at_once(start_server: Any) -> None
     while long_polls() > idle:
         assert time.monotonic() < deadline, "long-polls of clients that left went on waiting"
         time.sleep(0.05)
+
+
+def test_requests_pipelined_past_a_bound_are_refused(server: ServerProcess) -> None:
+    """Probe 10b: uvicorn queued every pipelined request of a read, without bound (20
+    connections of 25,000 requests, reading nothing: both workers from 119 to 828 MiB, and
+    another client's request held 15 s). Past 64 waiting, the connection is answered 429 after
+    the answers before it, and closed."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    answer = _exchange(server, request * 500, timeout=10)
+    assert 64 <= answer.count(b"HTTP/1.1 200") <= 66, answer.count(b"HTTP/1.1 200")
+    assert answer.count(b"HTTP/1.1 429") == 1 and answer.rstrip().endswith(b"answers")
+
+
+def test_a_connection_reset_while_its_answer_waits_leaves_no_traceback(
+    start_server: Any,
+) -> None:
+    """Probe 10b: an answer waiting for its client to take the buffer, when the client reset
+    the connection, was written to the closed transport anyway (uvicorn looks at the
+    connection before it waits, not after): "Exception in ASGI application" in the log."""
+    server = start_server()
+    (path,) = _text_streams(server, "reset")
+    with httpx.Client(timeout=30) as client:
+        answer = client.post(
+            server.stream_url(path),
+            headers={"Content-Type": "text/plain"},
+            content=b"x" * (4 << 20),
+        )
+        assert answer.status_code == 204
+    for _ in range(3):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        # A large answer and one pipelined behind it: the connection's latest request was
+        # the one marked gone, not the one sending.
+        big = f"GET /v1/stream/{path}?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        sock.sendall(f"{big}GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        time.sleep(1)  # the answer fills the buffers and waits for them to drain
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    assert httpx.get(f"{server.base_url}/healthz").status_code == 200
+    time.sleep(1)
+    assert "Traceback" not in server.log_path.read_text(errors="replace")
