@@ -16,8 +16,9 @@ from django.db.models import (
     Q,
     QuerySet,
     Sum,
+    TextField,
 )
-from django.db.models.functions import Coalesce, Length
+from django.db.models.functions import Cast, Coalesce, Left, Length
 
 from state.models import EntityState, StateStream
 from state.services import catch_up_state_stream
@@ -34,6 +35,10 @@ from yjs.paths import DocRef
 
 PAGE_SIZE = 100
 ENTITIES_PER_TYPE = 200
+# What the state page shows of an entity's value: the first characters of its JSON text. The
+# whole values were read (50 types of 200 entities, whatever each held: a writer's 2 MB values
+# made a page of gigabytes; probe 10b found it on the REST API's pages).
+VALUE_PREVIEW_CHARS = 4096
 TYPES_SHOWN = 50
 # The overview's counts scan the stream table: at most once per this many seconds per process.
 COUNTS_TTL_SECS = 5.0
@@ -286,7 +291,16 @@ def entity_groups(
     types = entities.values_list("entity_type").annotate(n=Count("pk")).order_by("entity_type")
     groups = [
         EntityGroup(
-            name, total, list(entities.filter(entity_type=name).order_by("key")[:ENTITIES_PER_TYPE])
+            name,
+            total,
+            list(
+                entities.filter(entity_type=name)
+                .order_by("key")
+                .defer("value")
+                .annotate(value_text=Left(Cast("value", TextField()), VALUE_PREVIEW_CHARS + 1))[
+                    :ENTITIES_PER_TYPE
+                ]
+            ),
         )
         for name, total in types[:TYPES_SHOWN]
     ]
