@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from contextvars import ContextVar
 from typing import Any, Self
 
@@ -149,6 +150,23 @@ class _LastInFirstOutPool(AsyncConnectionPool):
         if len(ready) > 1:
             ready.appendleft(ready.pop())
         return await super()._get_ready_connection(timeout)
+
+    async def putconn(self, conn: Any) -> None:
+        """A connection given back where nothing interrupts it. Handing it to a client
+        waiting for one, psycopg_pool may wait (for that client's lock, and then for its own):
+        a request cancelled meanwhile (its client left; a GET is cancelled then) left the
+        connection neither lent nor kept, and the pool counted it for good (probe 9d:
+        abandoned live reads took 2 of 3 connections of a growing pool, and could take
+        them all). A give-back that may wait runs in a task of its own; the usual one, with
+        nobody waiting, never waits and stays in the caller's task."""
+        if (
+            self._waiting
+            or self._lock.locked()
+            or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        ):
+            await _unstoppable(super().putconn(conn))
+        else:
+            await super().putconn(conn)
 
 
 class _PoolConnection(AsyncConnection[TupleRow]):
@@ -324,12 +342,7 @@ class connection:
         if _oversized and id(conn) in _oversized:
             _oversized.discard(id(conn))
             metrics.POOL_DISCARDED.inc()
-            await conn.close()
-            closing = _closed_on_purpose.set(True)
-            try:
-                await self._pool.putconn(conn)  # the pool replaces it
-            finally:
-                _closed_on_purpose.reset(closing)
+            await _unstoppable(_discard(self._pool, conn))
         else:
             await self._pool.putconn(conn)  # a broken connection is replaced by the pool
         if exc is not None and is_connection_failure(exc):
@@ -338,6 +351,24 @@ class connection:
             raise ServiceUnavailable(
                 "the database connection failed; retry later", retry_after=RETRY_AFTER_SECS
             ) from None
+
+
+async def _discard(pool: AsyncConnectionPool, conn: AsyncConnection) -> None:
+    """Close ``conn`` and give it back: the pool replaces it."""
+    await conn.close()
+    closing = _closed_on_purpose.set(True)
+    try:
+        await pool.putconn(conn)
+    finally:
+        _closed_on_purpose.reset(closing)
+
+
+async def _unstoppable(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end, whether or not the caller is cancelled meanwhile."""
+    task = asyncio.ensure_future(work)
+    _giving_back.add(task)
+    task.add_done_callback(_giving_back.discard)
+    await asyncio.shield(task)
 
 
 def _give_back(pool: AsyncConnectionPool, waiter: asyncio.Future[AsyncConnection]) -> None:

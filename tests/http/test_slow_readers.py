@@ -16,19 +16,25 @@ Real server, real sockets: the stalled clients ask for a tiny receive buffer and
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import random
 import re
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.http.test_observability import scrape, value
 from tests.retention.support import sse_events, url
+
+TEXT = {"Content-Type": "text/plain"}
 
 SEND_TIMEOUT_SECS = 2.0
 # What "eventually" allows beyond a deadline: a loaded machine, never a measure of speed.
@@ -548,3 +554,44 @@ def test_reads_begun_together_and_sse_events_count_against_the_budget(
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_live_reads_abandoned_at_once_give_every_connection_back(start_server: Any) -> None:
+    """Probe 9d: 600 live reads on 60 streams the process had not read yet, their clients gone
+    0-20 ms after sending (while the pool was still growing), left the pool counting
+    connections nobody held: giving one back to a client waiting for it, psycopg_pool may
+    wait, and the request, cancelled when its client left, lost it there (open 3, idle 1,
+    three runs in four). Once the server is idle again every connection it counts is idle."""
+    server = start_server()
+    stamp = time.time_ns()
+    paths = [f"abandoned/{stamp}-{i}" for i in range(60)]
+    with httpx.Client(timeout=30) as client:
+        for path in paths:
+            assert client.put(server.stream_url(path), headers=TEXT).status_code == 201
+    rng = random.Random(9)
+
+    async def abandon(i: int) -> None:
+        live = rng.choice(["long-poll", "sse"])
+        request = (
+            f"GET /v1/stream/{paths[i % 60]}?offset=now&live={live} HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\n\r\n"
+        ).encode()
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request)
+        await writer.drain()
+        await asyncio.sleep(rng.random() * 0.02)
+        writer.close()
+
+    async def abandon_all() -> None:
+        await asyncio.gather(*(abandon(i) for i in range(600)))
+
+    asyncio.run(abandon_all())
+    deadline = time.monotonic() + 20
+    while True:
+        samples = scrape(server)
+        opened = value(samples, "ds_db_pool_connections", state="open")
+        idle = value(samples, "ds_db_pool_connections", state="idle")
+        if opened == idle > 0:
+            break
+        assert time.monotonic() < deadline, f"{opened} connections open, {idle} idle"
+        time.sleep(0.5)
