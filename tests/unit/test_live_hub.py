@@ -149,3 +149,16 @@ def test_what_is_kept_is_bounded_per_stream_and_per_process() -> None:
     hub._recent.forget(0)
     hub._recent.clear()
     assert hub._recent.size == 0
+
+
+def test_a_message_counts_more_than_its_bytes() -> None:
+    """Review: kept appends were counted by their data alone, so 100,000 two-byte JSON messages
+    (200 KB, under the largest append kept) were kept as 4-5 MB of objects. Each message counts
+    its object too: such an append is not kept, and its readers re-read."""
+    hub, _ = _watched_hub()
+    messages = (b"10",) * 100_000
+    hub.publish(
+        7, 100_000, False, [Appended(Offset(0, 0), Offset(100_000, 200_000), messages, False)]
+    )
+    assert hub._recent.get(7) is None and hub._recent.size == 0
+    assert hub.local_delivery(7, Offset(0, 0), 1 << 30, 1 << 30) is None
