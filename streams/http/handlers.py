@@ -25,12 +25,14 @@ TRIM_BEFORE = "stream-trim-before"
 TRIM_BODY_LIMIT = 1024
 
 
-def _may_send_body(request: Request, operation: Operation) -> None:
+def _may_send_body(request: Request, operation: Operation, *, fork_of: str | None = None) -> None:
     """Judged before the body is read (the service judges again, with everything else): a
     body its sender may not send is not taken. In ``keys`` mode anyone could make a process
     hold 64 MiB bodies, or connections for as long as their bodies took, before a 401
-    (probe 9a)."""
+    (probe 9a); a fork's source is judged too (review)."""
     request.principal.require(request.resource or stream_resource(request.path), operation)
+    if fork_of is not None:
+        request.principal.require(stream_resource(fork_of), Operation.READ)
 
 
 async def create(request: Request) -> Response:
@@ -39,7 +41,8 @@ async def create(request: Request) -> Response:
     expires_header = request.header("stream-expires-at")
     if ttl_header is not None and expires_header is not None:
         raise BadRequest("send Stream-TTL or Stream-Expires-At, not both")
-    _may_send_body(request, Operation.MANAGE)
+    fork = _fork_spec(request)
+    _may_send_body(request, Operation.MANAGE, fork_of=fork.source_path if fork else None)
     result = await services.create_stream(
         path=request.path,
         principal=request.principal,
@@ -48,7 +51,7 @@ async def create(request: Request) -> Response:
         ttl_seconds=h.parse_ttl(ttl_header) if ttl_header is not None else None,
         expires_at=h.parse_expires_at(expires_header) if expires_header is not None else None,
         closed=h.is_true(request.header("stream-closed")),
-        fork=_fork_spec(request),
+        fork=fork,
         retention=_retention(request),
         body=await request.body(settings.DS_MAX_REQUEST_BYTES),
     )

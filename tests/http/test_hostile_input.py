@@ -337,10 +337,14 @@ def test_a_body_its_sender_may_not_send_is_not_waited_for(
     it rather than wait for a body nobody will read."""
     server = start_server(env={"DS_AUTH__MODE": "keys"})
     reader = create_key(database_url, "body-reader", "stream/bodies/:read")
+    owner = create_key(database_url, "body-owner", "stream/bodies/:read,append,manage")
+    fork = "Stream-Forked-From: /v1/stream/secret/x\r\n"
     for method, credentials, status in (
         ("POST", "", 401),
         ("PUT", "", 401),
         ("POST", f"Authorization: Bearer {reader}\r\n", 403),
+        # A fork of a stream the key may not read (review).
+        ("PUT", f"Authorization: Bearer {owner}\r\n{fork}", 403),
     ):
         head = (
             f"{method} /v1/stream/bodies/x HTTP/1.1\r\nHost: 127.0.0.1\r\n{credentials}"

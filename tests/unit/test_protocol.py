@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from datetime import UTC, datetime
 
 import pytest
@@ -245,3 +246,26 @@ class TestStreamPaths:
     def test_rejected(self, encoded: str) -> None:
         with pytest.raises(BadRequest):
             stream_path(encoded)
+
+
+def _nested_document(rng: random.Random, depth: int) -> object:
+    """A JSON value exactly ``depth`` deep, with strings that hold brackets, quotes and escapes."""
+    noise = ["[", "]", "{", "}", '"', "\\", "\\\\", '\\"', "a", ",", "\u2028", "é"]
+    text = "".join(rng.choice(noise) for _ in range(rng.randint(0, 12)))
+    if depth == 0:
+        return rng.choice([1, text, None])
+    inner = _nested_document(rng, depth - 1)
+    siblings = [text, [], {}] if depth > 1 else [text]
+    if rng.random() < 0.5:
+        return [rng.choice(siblings), inner]
+    return {text: inner, "x": rng.choice(siblings)}
+
+
+def test_the_json_depth_check_is_exact() -> None:
+    """``json_mode._too_deep`` against the depth of random documents around the limit (the
+    review's fuzzing of the check, kept)."""
+    rng = random.Random(128)
+    for _ in range(600):
+        depth = rng.randint(120, 136)
+        body = json.dumps(_nested_document(rng, depth), ensure_ascii=rng.random() < 0.5)
+        assert json_mode._too_deep(body.encode()) == (depth > json_mode.MAX_JSON_DEPTH), depth
