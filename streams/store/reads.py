@@ -211,7 +211,14 @@ def check_start(meta: StreamMeta, start: Offset) -> None:
     (PROTOCOL.md 5.6: 410 Gone, with where the stream starts now)."""
     check_offset(meta, start)
     if meta.gone(start):
-        raise OffsetGone(str(meta.start))
+        if start < meta.start:
+            raise OffsetGone(str(meta.start))
+        # Not before the start: behind a delete a compaction dropped, which a reader resuming
+        # there would miss (its message named the start as the earliest retained: review).
+        raise OffsetGone(
+            str(meta.start),
+            f"offset is before events a compaction dropped: read again from {meta.start}",
+        )
 
 
 async def read_range(
