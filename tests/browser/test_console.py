@@ -141,6 +141,31 @@ def test_a_stream_tails_live_pauses_and_resumes(
     assert read.json() == [{"n": 3}]
 
 
+def test_a_page_whose_offset_is_trimmed_away_follows_on(
+    page: Page, keys_server: ServerProcess, api: httpx.Client, page_errors: PageErrors
+) -> None:
+    """Review: an EventSource cannot see its answer's status, so a page whose offset had been
+    trimmed away (paused while its stream was appended to and trimmed) retried it for ever,
+    "reconnecting". The 410 is found by a catch-up read after the second failure: the page
+    says so and follows from the tail."""
+    page_errors.allow("410")
+    path = unique("trimmed")
+    api.put(f"/v1/stream/{path}", headers=JSON, content=b'[{"first": 1}]')
+    open_stream(page, keys_server, path)
+    expect(messages(page)).to_have_count(1)
+    page.click("#pause")
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "paused")
+    api.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps({"n": 2}))
+    trimmed = api.post(f"/v1/stream/{path}", headers={"Stream-Trim-Before": "now"})
+    assert trimmed.is_success, trimmed.text
+    page.click("#pause")  # now "Resume"
+    notice = page.locator("#messages-notice")
+    expect(notice).to_contain_text("trimmed or compacted away", timeout=15_000)
+    expect(page.locator("#live-status")).to_have_attribute("data-status", "live")
+    api.post(f"/v1/stream/{path}", headers=JSON, content=json.dumps({"n": 3}))
+    expect(messages(page).filter(has_text='"n": 3')).to_have_count(1, timeout=5000)
+
+
 def test_binary_messages_show_as_hex_with_their_length(
     page: Page, keys_server: ServerProcess, api: httpx.Client
 ) -> None:

@@ -37,6 +37,12 @@ const live = new LiveStream({
   onChunk: (chunk) => {
     if (chunk.data.length) refresh();
   },
+  // What followed the offset reached is gone (a trim or a compaction): the fragment is
+  // rendered again and followed from the tail.
+  onGone: () => {
+    refresh();
+    live.start("now");
+  },
 });
 live.start(config.tail);
 

@@ -39,14 +39,16 @@ export async function fetchJson(url, options = {}) {
  * Follows one stream. `onChunk({data, start, next, upToDate, closed})` is called for each
  * control event with the data events before it (`data`: their payloads, as received), `start`
  * and `next` the offsets around them. `onStatus(status, detail)` tells "connecting", "live",
- * "paused", "closed" or "error".
+ * "paused", "closed" or "error". `onGone()` is called, following stopped, when the offset
+ * reached is gone (410: a trim or a compaction dropped what follows it).
  */
 export class LiveStream {
-  constructor({ live, liveUrlEndpoint, onChunk, onStatus }) {
+  constructor({ live, liveUrlEndpoint, onChunk, onStatus, onGone }) {
     this.signed = live;
     this.liveUrlEndpoint = liveUrlEndpoint;
     this.onChunk = onChunk;
     this.onStatus = onStatus || (() => {});
+    this.onGone = onGone || null;
     this.source = null;
     this.offset = null;
     this.cursor = null;
@@ -144,9 +146,28 @@ export class LiveStream {
     const delay = Math.min(MAX_BACKOFF_MS, 250 * 2 ** Math.min(this.failures, 6));
     this.onStatus(this.failures > 1 ? "error" : "connecting", detail);
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
+    this.timer = setTimeout(async () => {
+      if (!this.running) return;
+      if (this.failures >= 2 && this.onGone && (await this._gone())) {
+        this.stop("paused");
+        this.onGone();
+        return;
+      }
       if (this.running) this._connect();
     }, delay);
+  }
+
+  // An EventSource cannot see its answer's status: a 410 (what follows the offset was trimmed
+  // or compacted away) looked like any failure and was retried for ever. After a second
+  // failure in a row, a catch-up read at the offset tells.
+  async _gone() {
+    try {
+      const params = new URLSearchParams({ offset: this.offset });
+      const response = await fetch(`${this.signed.url}&${params}`);
+      return response.status === 410;
+    } catch {
+      return false;
+    }
   }
 }
 

@@ -46,6 +46,12 @@ const live = new LiveStream({
     if (chunk.closed) setNotice("The stream is closed: nothing more will be appended.");
     scheduleFlush();
   },
+  onGone: () => {
+    setNotice(
+      "Messages after the last one shown were trimmed or compacted away: following from the tail.",
+    );
+    live.start("now");
+  },
 });
 
 function showTail(offset) {
