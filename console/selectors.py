@@ -9,16 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import (
+    Case,
     Count,
     Exists,
     F,
+    JSONField,
     OuterRef,
     Q,
     QuerySet,
     Sum,
-    TextField,
+    When,
 )
-from django.db.models.functions import Cast, Coalesce, Left, Length
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce, Length
 
 from state.models import EntityState, StateStream
 from state.services import catch_up_state_stream
@@ -35,10 +38,11 @@ from yjs.paths import DocRef
 
 PAGE_SIZE = 100
 ENTITIES_PER_TYPE = 200
-# What the state page shows of an entity's value: the first characters of its JSON text. The
-# whole values were read (50 types of 200 entities, whatever each held: a writer's 2 MB values
-# made a page of gigabytes; probe 10b found it on the REST API's pages).
-VALUE_PREVIEW_CHARS = 4096
+# The largest entity value the state page shows (bytes of its JSON text, kept by PostgreSQL:
+# ``value_bytes``); larger ones are named by their size and not read. Every value was read
+# (50 types of 200 entities, whatever each held: a writer's 2 MB values made a page of
+# gigabytes; probe 10b found it on the REST API's pages).
+VALUE_PREVIEW_BYTES = 4096
 TYPES_SHOWN = 50
 # The overview's counts scan the stream table: at most once per this many seconds per process.
 COUNTS_TTL_SECS = 5.0
@@ -297,9 +301,13 @@ def entity_groups(
                 entities.filter(entity_type=name)
                 .order_by("key")
                 .defer("value")
-                .annotate(value_text=Left(Cast("value", TextField()), VALUE_PREVIEW_CHARS + 1))[
-                    :ENTITIES_PER_TYPE
-                ]
+                .annotate(value_bytes=RawSQL("value_bytes", ()))
+                .annotate(
+                    shown=Case(
+                        When(value_bytes__lte=VALUE_PREVIEW_BYTES, then=F("value")),
+                        output_field=JSONField(),
+                    )
+                )[:ENTITIES_PER_TYPE]
             ),
         )
         for name, total in types[:TYPES_SHOWN]

@@ -14,6 +14,7 @@ state stream, probe 9b); 400 both.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
@@ -23,7 +24,7 @@ from access.auth import authenticate
 from access.grants import credentials_required
 from streams.errors import BadRequest, ProtocolError
 from streams.http.request import ClientDisconnected, Receive, Scope, Send, read_body
-from streams.http.responses import error_response, send_response
+from streams.http.responses import Response, error_response, send_response
 from streams.http.sending import BodyWatch, ResponseSender
 
 ASGIApp = Any
@@ -51,11 +52,19 @@ def guarded(app: ASGIApp) -> ASGIApp:
         except ProtocolError as error:
             # Refused before its body was read: the connection closes after the answer.
             sender = ResponseSender(send, scope, body_watch)
-            await send_response(sender, error_response(error), None)
+            api = scope.get("path", "").startswith("/v1/")
+            await send_response(sender, _api_error(error) if api else error_response(error), None)
             return
         await app(scope, _replay(body, receive), send)
 
     return guard
+
+
+def _api_error(error: ProtocolError) -> Response:
+    """A refusal as the REST API words its own (``streams.rest.exception_handler``)."""
+    body = json.dumps({"detail": error.message, "code": error.code}).encode()
+    headers = error_response(error).headers | {"Content-Type": "application/json"}
+    return Response(error.status, headers, body)
 
 
 def _check_url(scope: Scope) -> None:

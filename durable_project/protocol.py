@@ -53,8 +53,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHt
 # At most this much of a request's head is read: counted as it arrives, so over by at most one
 # read of the socket (256 KiB), which may begin with the end of the request before.
 MAX_HEAD_BYTES = 1024 * 1024
-# Requests a client may pipeline ahead of the answers it has not taken (429 past them).
-MAX_PIPELINED = 64
+# Requests a client may pipeline ahead of their answers (429 past them): all of them may come
+# in one write, before any answer could be (about 1.4 KB of memory each while queued).
+MAX_PIPELINED = 256
 # The scope extension through which the application cuts its connection:
 # ``scope["extensions"][CUT]["cut"]()``.
 CUT = "durable_streams.cut"

@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from console.selectors import VALUE_PREVIEW_CHARS, doc_of_stream
+from console.selectors import VALUE_PREVIEW_BYTES, doc_of_stream
 from streams.protocol.offsets import Offset
 from yjs.paths import DocRef
 
@@ -20,12 +20,12 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
-def entity_value(text: str) -> str:
-    """An entity's value from the head of its JSON text (``selectors.VALUE_PREVIEW_CHARS``):
-    indented when whole, else the head as it is, marked as cut."""
-    if len(text) > VALUE_PREVIEW_CHARS:
-        return text[:VALUE_PREVIEW_CHARS] + " \u2026 (cut)"
-    return pretty_json(json.loads(text))
+def entity_value(entity: Any) -> str:
+    """An entity's value, indented; one past ``selectors.VALUE_PREVIEW_BYTES`` (not read) by
+    its size."""
+    if entity.value_bytes > VALUE_PREVIEW_BYTES:
+        return f"(a value of {entity.value_bytes:,} bytes: read it through the API)"
+    return pretty_json(entity.shown)
 
 
 @register.filter

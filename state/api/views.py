@@ -97,17 +97,15 @@ class _EntityPaginator(Paginator):
     """Pages of entities whose values together hold at most about DS_READ__MAX_CHUNK_BYTES
     (always at least one entity): a page of 1,000 values of 2 MB was built whole in the
     process, 1.9 GB for four at once, kept by the allocator afterwards, and other clients
-    waited (probe 10b). A page past it is refused before its values are read, saying how many
-    entities would fit."""
+    waited (probe 10b). A page past it is refused before its values are read (their sizes are
+    kept as they are written: ``value_bytes``), saying how many entities would fit."""
 
     def page(self, number: int | str) -> Page:
         page = super().page(number)  # its entities not read yet
         ids = list(page.object_list.values_list("pk", flat=True))  # type: ignore[attr-defined]
         if len(ids) > 1:
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT id, octet_length(value::text) FROM ds_entity WHERE id = ANY(%s)", [ids]
-                )
+                cursor.execute("SELECT id, value_bytes FROM ds_entity WHERE id = ANY(%s)", [ids])
                 sizes = dict(cursor.fetchall())
             budget, fits, total = settings.DS_MAX_READ_BYTES, 0, 0
             for pk in ids:

@@ -363,3 +363,6 @@ def test_a_body_its_sender_may_not_send_is_not_waited_for(
         answer = _exchange(server, head, timeout=10)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
         assert b"connection: close" in answer.lower()
+        # Worded as the REST API words its refusals (review).
+        assert b"content-type: application/json" in answer.lower()
+        assert answer.split(b"\r\n\r\n", 1)[1].startswith(b'{"detail": ')
