@@ -152,21 +152,14 @@ class _LastInFirstOutPool(AsyncConnectionPool):
         return await super()._get_ready_connection(timeout)
 
     async def putconn(self, conn: Any) -> None:
-        """A connection given back where nothing interrupts it. Handing it to a client
-        waiting for one, psycopg_pool may wait (for that client's lock, and then for its own):
-        a request cancelled meanwhile (its client left; a GET is cancelled then) left the
+        """A connection given back where nothing interrupts it, in a task of its own (about
+        5 us). Giving it back, psycopg_pool may wait: for its lock (even one no task holds
+        any more, while tasks woken for it have not run yet), then for a waiting client's. A
+        request cancelled there (its client left; a GET is cancelled then) left the
         connection neither lent nor kept, and the pool counted it for good (probe 9d:
-        abandoned live reads took 2 of 3 connections of a growing pool, and could take
-        them all). A give-back that may wait runs in a task of its own; the usual one, with
-        nobody waiting, never waits and stays in the caller's task."""
-        if (
-            self._waiting
-            or self._lock.locked()
-            or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        ):
-            await _unstoppable(super().putconn(conn))
-        else:
-            await super().putconn(conn)
+        abandoned live reads took 2 of 3 connections of a growing pool; review: reads cut at
+        random moments, 2 of 3, with the lock free when the give-back began)."""
+        await _unstoppable(super().putconn(conn))
 
 
 class _PoolConnection(AsyncConnection[TupleRow]):

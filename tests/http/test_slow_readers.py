@@ -557,12 +557,34 @@ def test_reads_begun_together_and_sse_events_count_against_the_budget(
             sock.close()
 
 
+def _pool_whole(server: ServerProcess) -> None:
+    """Once the server is idle again, every connection its pool counts is idle."""
+    deadline = time.monotonic() + 20
+    while True:
+        samples = scrape(server)
+        opened = value(samples, "ds_db_pool_connections", state="open")
+        idle = value(samples, "ds_db_pool_connections", state="idle")
+        if opened == idle > 0:
+            return
+        assert time.monotonic() < deadline, f"{opened} connections open, {idle} idle"
+        time.sleep(0.5)
+
+
+async def _cut(port: int, request: bytes, after: float) -> None:
+    """Send ``request`` and reset the connection ``after`` seconds later."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    await asyncio.sleep(after)
+    writer.transport.abort()
+
+
 def test_live_reads_abandoned_at_once_give_every_connection_back(start_server: Any) -> None:
     """Probe 9d: 600 live reads on 60 streams the process had not read yet, their clients gone
     0-20 ms after sending (while the pool was still growing), left the pool counting
     connections nobody held: giving one back to a client waiting for it, psycopg_pool may
     wait, and the request, cancelled when its client left, lost it there (open 3, idle 1,
-    three runs in four). Once the server is idle again every connection it counts is idle."""
+    three runs in four)."""
     server = start_server()
     stamp = time.time_ns()
     paths = [f"abandoned/{stamp}-{i}" for i in range(60)]
@@ -571,28 +593,46 @@ def test_live_reads_abandoned_at_once_give_every_connection_back(start_server: A
             assert client.put(server.stream_url(path), headers=TEXT).status_code == 201
     rng = random.Random(9)
 
-    async def abandon(i: int) -> None:
+    def request(i: int) -> bytes:
         live = rng.choice(["long-poll", "sse"])
-        request = (
+        return (
             f"GET /v1/stream/{paths[i % 60]}?offset=now&live={live} HTTP/1.1\r\n"
             "Host: 127.0.0.1\r\n\r\n"
         ).encode()
-        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(request)
-        await writer.drain()
-        await asyncio.sleep(rng.random() * 0.02)
-        writer.close()
 
     async def abandon_all() -> None:
-        await asyncio.gather(*(abandon(i) for i in range(600)))
+        await asyncio.gather(
+            *(_cut(server.port, request(i), rng.random() * 0.02) for i in range(600))
+        )
 
     asyncio.run(abandon_all())
-    deadline = time.monotonic() + 20
-    while True:
-        samples = scrape(server)
-        opened = value(samples, "ds_db_pool_connections", state="open")
-        idle = value(samples, "ds_db_pool_connections", state="idle")
-        if opened == idle > 0:
-            break
-        assert time.monotonic() < deadline, f"{opened} connections open, {idle} idle"
-        time.sleep(0.5)
+    _pool_whole(server)
+
+
+def test_reads_cut_at_any_moment_give_every_connection_back(start_server: Any) -> None:
+    """Review: catch-up reads cut at random moments by 40 clients lost 2 of a pool's 3
+    connections for good: a give-back waited for the pool's lock (free, with tasks woken for
+    it not yet run) and was cancelled there."""
+    server = start_server(env={"DS_DB__POOL_MAX_SIZE": "3"})
+    big, small = f"cut/{time.time_ns()}-big", f"cut/{time.time_ns()}-small"
+    with httpx.Client(timeout=30) as client:
+        assert client.put(server.stream_url(big), headers=TEXT, content=b"a" * (3 << 20)).is_success
+        assert client.put(server.stream_url(small), headers=TEXT, content=b"hello").is_success
+    rng = random.Random(40)
+    requests = [
+        f"GET /v1/stream/{path}?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        for path in (big, small)
+    ]
+
+    async def client_cutting(stop: float) -> None:
+        while time.monotonic() < stop:
+            await _cut(
+                server.port, rng.choice(requests), rng.choice([0, 0.0005, 0.002, 0.01, 0.05])
+            )
+
+    async def cut_all() -> None:
+        stop = time.monotonic() + 10
+        await asyncio.gather(*(client_cutting(stop) for _ in range(40)))
+
+    asyncio.run(cut_all())
+    _pool_whole(server)
