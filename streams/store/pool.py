@@ -152,14 +152,25 @@ class _LastInFirstOutPool(AsyncConnectionPool):
         return await super()._get_ready_connection(timeout)
 
     async def putconn(self, conn: Any) -> None:
-        """A connection given back where nothing interrupts it, in a task of its own (about
-        5 us). Giving it back, psycopg_pool may wait: for its lock (even one no task holds
-        any more, while tasks woken for it have not run yet), then for a waiting client's. A
-        request cancelled there (its client left; a GET is cancelled then) left the
-        connection neither lent nor kept, and the pool counted it for good (probe 9d:
-        abandoned live reads took 2 of 3 connections of a growing pool; review: reads cut at
-        random moments, 2 of 3, with the lock free when the give-back began)."""
-        await _unstoppable(super().putconn(conn))
+        """A connection given back where nothing interrupts it. Giving it back, psycopg_pool
+        may wait: for its lock (held, or free with tasks woken for it that have not run
+        yet), then for a waiting client's, or for a rollback. A request cancelled there (its
+        client left; a GET is cancelled then) left the connection neither lent nor kept, and
+        the pool counted it for good (probe 9d: abandoned live reads took 2 of 3 connections
+        of a growing pool; review: reads cut at random moments, 2 of 3). Such a give-back
+        runs in a task of its own (two turns of the loop more); the usual one, which nothing
+        can make wait, stays in the caller's task (tests/store/test_pool.py checks what this
+        reads of psycopg_pool's and asyncio's state)."""
+        lock = self._lock
+        if (
+            self._waiting
+            or lock.locked()
+            or lock._waiters
+            or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        ):
+            await _unstoppable(super().putconn(conn))
+        else:
+            await super().putconn(conn)  # nothing it could wait for: no point to cancel it at
 
 
 class _PoolConnection(AsyncConnection[TupleRow]):

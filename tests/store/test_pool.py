@@ -5,6 +5,7 @@ OUTAGE_WAIT_SECS only when it is failing (the outage itself: tests/faults)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from typing import Any
 
@@ -139,3 +140,30 @@ def test_the_connection_given_back_last_is_lent_first(settings: Any) -> None:
     pids, lent = run(scenario)
     assert len(set(pids)) == 2
     assert lent == [pids[1]] * 3
+
+
+def test_what_the_pool_reads_to_give_back_in_place_is_there() -> None:
+    """``_LastInFirstOutPool.putconn`` gives a connection back in the caller's task only when
+    nothing could make that wait: it reads psycopg_pool's queue of waiting clients and lock,
+    and the lock's own queue of waiters. A free asyncio lock with a task woken for it, not yet
+    run, makes its next taker wait (review: a give-back cancelled there lost the connection)."""
+
+    async def scenario() -> bool:
+        lock = asyncio.Lock()
+        await lock.acquire()
+        waiter = asyncio.ensure_future(lock.acquire())
+        await asyncio.sleep(0)
+        lock.release()  # free, with the waiter woken but not run yet
+        queued = not lock.locked() and bool(lock._waiters)
+        await waiter
+        lock.release()
+        return queued
+
+    assert asyncio.run(scenario())
+
+    async def opened() -> Any:
+        return await pool.get_pool()
+
+    opened_pool = run(opened)
+    assert isinstance(opened_pool._waiting, collections.deque)
+    assert isinstance(opened_pool._lock, asyncio.Lock)
