@@ -35,11 +35,12 @@ def guarded(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        body_watch = BodyWatch(receive, scope)
+        headers = dict(scope.get("headers", []))
+        body_watch = BodyWatch(receive, headers)
+        api = scope.get("path", "").startswith("/v1/")
         try:
             _check_url(scope)
-            headers = dict(scope.get("headers", []))
-            if body_watch.pending and scope.get("path", "").startswith("/v1/"):
+            if body_watch.pending and api:
                 await _require_credentials(headers, scope)
             length = headers.get(b"content-length")
             body = await read_body(
@@ -52,7 +53,6 @@ def guarded(app: ASGIApp) -> ASGIApp:
         except ProtocolError as error:
             # Refused before its body was read: the connection closes after the answer.
             sender = ResponseSender(send, scope, body_watch)
-            api = scope.get("path", "").startswith("/v1/")
             await send_response(sender, _api_error(error) if api else error_response(error), None)
             return
         await app(scope, _replay(body, receive), send)

@@ -75,7 +75,7 @@ async def serve(
     origin = origin_bytes.decode("latin-1") if origin_bytes else None
     method = scope["method"].upper()
     # Every message of the answer goes through it (streams.http.sending).
-    receive = BodyWatch(receive, scope)
+    receive = BodyWatch(receive, headers)
     sender = ResponseSender(send, scope, receive)
     if method == "OPTIONS":
         requested = headers.get(b"access-control-request-headers")

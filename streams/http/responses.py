@@ -68,12 +68,6 @@ SECURITY_HEADERS = [
 ]
 
 
-# Answers given before the request body was read to its end (too large, too slow): the
-# connection is closed after them, since what is left of the body cannot be told from a
-# following request.
-UNREAD_BODY_STATUSES = (408, 413)
-
-
 @dataclass(slots=True)
 class Response:
     status: int
@@ -119,8 +113,6 @@ def error_response(error: ProtocolError) -> Response:
     headers the error carries, a short plain-text body, and nothing cacheable."""
     headers = {"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-store"}
     headers.update(error.headers)
-    if error.status in UNREAD_BODY_STATUSES:
-        headers["Connection"] = "close"
     return Response(error.status, headers, error.message.encode("utf-8") + b"\n")
 
 

@@ -27,13 +27,13 @@ class ClientTooSlow(ClientDisconnected):
 
 
 class BodyWatch:
-    """A request's ``receive``, noting whether its body has all arrived (``pending``)."""
+    """A request's ``receive``, noting whether its body has all arrived (``pending``);
+    ``headers`` are the request's, as a dict (built once by its caller)."""
 
     __slots__ = ("_receive", "pending")
 
-    def __init__(self, receive: Receive, scope: Scope) -> None:
+    def __init__(self, receive: Receive, headers: dict[bytes, bytes]) -> None:
         self._receive = receive
-        headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length", b"").strip().lstrip(b"0")
         self.pending = bool(length) or b"transfer-encoding" in headers
 

@@ -328,6 +328,21 @@ def test_an_expiry_past_the_last_year_in_utc_is_refused(
     assert client.head(f"/v1/stream/{stream_path}").status_code == 404
 
 
+def test_a_body_left_unread_closes_the_connection_once(impatient_server: Any) -> None:
+    """A body past the request limit, or too slow, is refused before it has all arrived, and
+    the connection closes after the answer: said once (the error's own header and the unread
+    body's each said it)."""
+    for length, status in ((999999999999, 413), (1000, 408)):
+        head = (
+            "POST /v1/stream/unread/x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {length}\r\n\r\nonly the start"
+        ).encode()
+        answer = _exchange(impatient_server, head, timeout=10)
+        assert answer.startswith(f"HTTP/1.1 {status}".encode()), answer[:300]
+        head_lines = answer.split(b"\r\n\r\n", 1)[0].lower().split(b"\r\n")
+        assert head_lines.count(b"connection: close") == 1, head_lines
+
+
 def test_a_body_its_sender_may_not_send_is_not_waited_for(
     start_server: Any, database_url: str
 ) -> None:
