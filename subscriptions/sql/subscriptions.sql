@@ -406,6 +406,30 @@ BEGIN
 END;
 $$;
 
+-- Whether the subscription s (its row locked by the caller) lost its creator: one made with an
+-- API key wakes nobody once the key is revoked, has expired or was deleted (its webhooks went
+-- on naming the streams that changed to whoever holds the URL: a review's finding). It is
+-- paused then, with the reason, where staff see it. Other creators are not judged again: a
+-- JWT's subject outlives any one token, and staff and services are the server's own.
+CREATE OR REPLACE FUNCTION ds_sub_orphaned(s ds_subscription) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.created_by IS NULL OR split_part(s.created_by, ':', 1) NOT IN ('key', 'signed-url')
+       OR EXISTS (SELECT 1 FROM ds_api_key AS k
+                   WHERE k.prefix = split_part(s.created_by, ':', 2) AND NOT k.revoked
+                     AND (k.expiry_date IS NULL OR k.expiry_date > now())) THEN
+        RETURN false;
+    END IF;
+    UPDATE ds_subscription
+       SET paused = true,
+           last_error = 'paused: the API key that created it was revoked, has expired or was'
+                        || ' deleted',
+           last_error_at = now()
+     WHERE id = s.id;
+    RETURN true;
+END;
+$$;
+
 -- Issue a wake for the subscription s (its row locked by the caller) when it is idle, not
 -- paused, not waiting for a webhook retry, and has pending work (7): a new generation and
 -- wake id, the streams' tails reported; a webhook wake is sent by process p_sender (presumed
@@ -424,7 +448,7 @@ BEGIN
         RETURN NULL;
     END IF;
     v_stream := ds_sub_first_pending(s.id);
-    IF v_stream IS NULL THEN
+    IF v_stream IS NULL OR ds_sub_orphaned(s) THEN
         RETURN NULL;
     END IF;
     IF s.type = 'pull-wake' AND p_event THEN
@@ -798,7 +822,7 @@ BEGIN
     holder := s.holder;
     IF s.holder IS NOT NULL THEN
         outcome := 'already_claimed';
-    ELSIF s.wake_id IS NULL AND s.paused THEN
+    ELSIF s.wake_id IS NULL AND (s.paused OR ds_sub_orphaned(s)) THEN
         outcome := 'paused';
     ELSIF s.wake_id IS NULL THEN
         -- A wake issued for this claim: no event (nobody else needs to hear of it).

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
-from tests.access.support import bearer, create_key
-from tests.subscriptions.support import CONTROL, Receiver, report
+from tests.access.support import bearer, create_key, key_id
+from tests.conftest import manage
+from tests.subscriptions.support import CONTROL, Receiver, report, wait_until
 
 SUBS = "stream/__ds/subscriptions/"
 
@@ -128,5 +130,57 @@ def test_webhook_callbacks_work_with_their_token_alone(
         done = report(http, sub, "callback", wake.body["callback_token"], wake.body["wake_id"],
                       wake.generation)  # fmt: skip
         assert done.status_code == 200, done.text
+    finally:
+        receiver.close()
+
+
+def test_a_revoked_keys_subscriptions_wake_nobody(
+    http: httpx.Client, server: Any, database_url: str
+) -> None:
+    """A subscription made with a key went on sending webhooks after the key was revoked,
+    naming every stream that changed to whoever held the URL. It is paused at its next wake
+    now, saying why, and sends nothing more; a pull-wake worker's claim finds it paused."""
+    owner = create_key(database_url, "sub-owner", f"{SUBS}revoked-:read,append,manage",
+                       "stream/acl-revoke/:read,append,manage")  # fmt: skip
+    writer = bearer(create_key(database_url, "sub-writer", "stream/acl-revoke/:append",
+                               f"{SUBS}revoked-:append"))  # fmt: skip
+    receiver = Receiver(answer=lambda received: (200, {"done": True}))
+    try:
+        hooked, pulled = f"revoked-{time.time_ns()}", f"revoked-pull-{time.time_ns()}"
+        text = {"Content-Type": "text/plain"}
+        for stream in ("wake", "pulled"):
+            http.put(f"/v1/stream/acl-revoke/{stream}", headers=text | bearer(owner))
+        configs = {
+            hooked: {"type": "webhook", "streams": ["acl-revoke/hooked"],
+                     "webhook": {"url": receiver.url}},
+            pulled: {"type": "pull-wake", "streams": ["acl-revoke/pulled"],
+                     "wake_stream": "acl-revoke/wake"},
+        }  # fmt: skip
+        for sub, config in configs.items():
+            put = http.put(f"{CONTROL}/subscriptions/{sub}", json=config, headers=bearer(owner))
+            assert put.status_code == 201, put.text
+        http.put("/v1/stream/acl-revoke/hooked", content=b"x", headers=text | bearer(owner))
+        receiver.wait(1)
+        assert manage(database_url, "revoke_api_key", key_id(owner)).returncode == 0
+
+        for stream in ("hooked", "pulled"):
+            appended = http.post(f"/v1/stream/acl-revoke/{stream}", content=b"y",
+                                 headers=text | writer)  # fmt: skip
+            assert appended.status_code == 204, appended.text
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT paused AND last_error LIKE 'paused: the API key%%'"
+                        " FROM ds_subscription WHERE subscription_id = %s",
+                        (hooked,),
+                    ).fetchone()
+                    == (True,)
+                )
+            )
+        claim = http.post(f"{CONTROL}/subscriptions/{pulled}/claim",
+                          json={"worker": "w1"}, headers=writer)  # fmt: skip
+        assert claim.status_code == 409 and "PAUSED" in claim.text, claim.text
+        assert len(receiver.received) == 1  # the wake before the revocation, and no other
     finally:
         receiver.close()
