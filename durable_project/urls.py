@@ -5,7 +5,7 @@ import threading
 from typing import Any, ClassVar
 
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.request import Request
@@ -25,26 +25,35 @@ class SwaggerView(SpectacularSwaggerView):
 
 
 class SchemaView(SpectacularAPIView):
-    """The OpenAPI schema, built once per process (per version asked for, kept for the
-    default one) under a lock. drf-spectacular's generator keeps state in module globals (the
-    view it inspects, its warnings' breadcrumbs): two requests building the schema at once in
-    Django's threads broke each other, answering 500 ("Schema generation REQUIRES a view
-    instance"), and left its state polluted for later ones. The schema is the same for every
-    request anyway."""
+    """The OpenAPI schema, built once per process under a lock. drf-spectacular's generator
+    keeps state in module globals (the view it inspects, its warnings' breadcrumbs): two
+    requests building the schema at once in Django's threads broke each other, answering 500
+    ("Schema generation REQUIRES a view instance"), and left its state polluted for later ones.
+    The schema is the same for every request anyway.
 
-    _built: ClassVar[dict[str | None, Any]] = {}
+    The API has one version: ``?version=`` is refused (400). drf-spectacular puts the value in
+    the answer's Content-Disposition and builds a schema for each one (probe 10e: a line break
+    in it was a 500 with a traceback for anyone, U+2028 an answer never sent, a quote let a
+    client name the file a browser saves, and each new value cost a build and five lines of
+    warnings)."""
+
+    _built: ClassVar[Any] = None
     _building = threading.Lock()
 
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponse:
+        if "version" in request.query_params:
+            detail = "this API has one version: ask for its schema without ?version="
+            return JsonResponse({"detail": detail, "code": "bad_request"}, status=400)
+        return super().get(request, *args, **kwargs)
+
     def _get_schema_response(self, request: Request) -> Response:
-        version = self.api_version or request.version or self._get_version_parameter(request)
         with SchemaView._building:
-            schema = SchemaView._built.get(version)
-            if schema is None:
-                schema = super()._get_schema_response(request).data
-                if version is None:
-                    SchemaView._built[version] = schema
-        filename = self._get_filename(request, version)  # the format asked for: json, yaml
-        return Response(schema, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+            if SchemaView._built is None:
+                SchemaView._built = super()._get_schema_response(request).data
+        filename = self._get_filename(request, None)  # the format asked for: json, yaml
+        return Response(
+            SchemaView._built, headers={"Content-Disposition": f'inline; filename="{filename}"'}
+        )
 
 
 # The admin's "View site" link opens the stream console.

@@ -66,6 +66,14 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
                 status = message["status"]
                 answered = time.time()
                 message = message | {"headers": [*message.get("headers", ()), rid_header]}
+                try:
+                    await send(message)
+                except Exception:
+                    # A head the server could not send (a header value the server refuses):
+                    # the client got no answer, and the fault is the server's (probe 10e).
+                    status = 500
+                    raise
+                return
             await send(message)
 
         try:

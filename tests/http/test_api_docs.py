@@ -45,3 +45,19 @@ def test_the_schema_asked_for_by_many_at_once(start_server: Any) -> None:
     yaml = httpx.get(f"{server.base_url}/v1/schema", params={"format": "yaml"})
     assert yaml.status_code == 200 and yaml.text.startswith("openapi:")
     assert ".yaml" in yaml.headers["Content-Disposition"]
+
+
+def test_the_schema_has_one_version(client: httpx.Client) -> None:
+    """Probe 10e: ``?version=`` went into the answer's Content-Disposition and built a schema
+    of its own. A line break in it was a 500 (with a traceback) for anyone, U+2028 a connection
+    closed without an answer, a quote let the client name the file a browser saves. The API
+    has one version: the parameter is refused, whatever it says."""
+    for version in ("a\nb", "\u2028", "x\"; filename*=UTF-8''evil.html; x=\"", "2"):
+        response = client.get("/v1/schema", params={"version": version})
+        assert response.status_code == 400, (version, response.text[:200])
+        assert "one version" in response.json()["detail"]
+        assert "evil" not in response.headers.get("Content-Disposition", "")
+    plain = client.get("/v1/schema", params={"format": "json"})
+    assert plain.status_code == 200
+    assert plain.headers["Content-Disposition"].endswith('.json"')
+    assert plain.json()["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from durable_project.logs import JsonFormatter, RequestIdFilter, TextFormatter
-from streams import lifecycle
+from streams import lifecycle, metrics
 from streams.errors import NotFound
 from streams.http import observe, responses
 from streams.http.app import serve
@@ -163,3 +163,28 @@ def test_request_lines_written_directly_are_what_logging_writes(formatter: type[
     direct = written(direct=True)
     assert direct == written(direct=False)
     assert len(direct.splitlines()) == 3 and "stream" in direct
+
+
+def test_a_head_the_connection_refused_counts_as_a_server_error() -> None:
+    """Probe 10e: a response head the connection refused to send (uvicorn refuses a header
+    value with a line break or U+2028) was counted and logged with the status it would have
+    had (200), though the client got no answer at all. It counts as 500 now."""
+    route = f"refused-{uuid.uuid4().hex[:8]}"
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def refusing_send(message: dict[str, Any]) -> None:
+        raise RuntimeError("Invalid HTTP header value.")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(observe.observed(app, route)(_scope(), receive, refusing_send))
+    counted = {
+        dict(labels)["status"]: value
+        for (name, labels), value in metrics.totals(frozenset({"ds_http_requests_total"})).items()
+        if dict(labels)["route"] == route
+    }
+    assert counted == {"500": 1.0}
