@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from durable_project.logs import JsonFormatter, RequestIdFilter, TextFormatter
 from streams import lifecycle, metrics
 from streams.errors import NotFound
-from streams.http import observe, responses
+from streams.http import health, observe, responses
 from streams.http.app import serve
 
 pytestmark = pytest.mark.django_db(databases=[])
@@ -188,3 +188,40 @@ def test_a_head_the_connection_refused_counts_as_a_server_error() -> None:
         if dict(labels)["route"] == route
     }
     assert counted == {"500": 1.0}
+
+
+def test_scrapes_at_once_share_one_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probe 10e: each /metrics scrape rendered the exposition in a thread of its own, so 32
+    connections scraping took the default thread pool (large bodies are decoded and tokens
+    checked there) and made another client's appends 17 times slower. Scrapes that arrive
+    while one renders share its text; the next one renders again."""
+    renders = 0
+
+    def slow_exposition() -> tuple[bytes, str]:
+        nonlocal renders
+        renders += 1
+        time.sleep(0.2)
+        return f"render {renders}\n".encode(), "text/plain"
+
+    monkeypatch.setattr(health.metrics, "exposition", slow_exposition)
+
+    async def scrape() -> bytes:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = _scope() | {"path": "/metrics", "raw_path": b"/metrics"}
+        await health.metrics_app(scope, receive, send)
+        return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    async def main() -> tuple[list[bytes], bytes]:
+        together = await asyncio.gather(*(scrape() for _ in range(10)))
+        return together, await scrape()
+
+    together, after = asyncio.run(main())
+    assert together == [b"render 1\n"] * 10
+    assert after == b"render 2\n"
