@@ -51,6 +51,9 @@ LARGE_TRANSACTION_BYTES = 256 * 1024
 MESSAGE_WEIGHT = 1024
 # How many ready streams past a large one waiting for a slot are looked at for small appends.
 SMALL_LOOKAHEAD = 16
+# After a transaction of several streams waited past the lock timeout for one of them, how
+# long (ms) each stream's batch, tried again alone, waits for its lock before it answers 503.
+BUSY_LOCK_WAIT_MS = 1000
 
 Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
 Batch = tuple[str, list[Pending]]
@@ -269,16 +272,27 @@ async def _outcomes(batches: list[Batch]) -> list[tuple[list[Result], ServiceUna
             return [(results, None) for results in written]
         except ServiceUnavailable as unreachable:
             return [([unreachable] * len(reqs), unreachable) for reqs in requests]
-        except Exception:  # noqa: BLE001 - some batch failed: each is judged alone now
+        except Exception as exc:  # noqa: BLE001 - some batch failed: each is judged alone now
             logger.warning("a transaction of %d streams failed; writing each alone", len(batches))
+            if isinstance(refusal_for(exc), ServiceUnavailable):
+                # A lock waited for past the lock timeout: some stream's row is held. Each
+                # batch is tried again waiting for its lock briefly, so that the streams
+                # behind the held one are not held as long again (probe 10e: another stream's
+                # append waited 40 s behind one row a session held).
+                return [
+                    await _alone(path, reqs, lock_wait_ms=BUSY_LOCK_WAIT_MS)
+                    for (path, _), reqs in zip(batches, requests, strict=True)
+                ]
     return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]
 
 
 async def _alone(
-    path: str, requests: list[AppendRequest]
+    path: str, requests: list[AppendRequest], *, lock_wait_ms: int | None = None
 ) -> tuple[list[Result], ServiceUnavailable | None]:
     try:
-        results = await append_batch(path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES)
+        results = await append_batch(
+            path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES, lock_wait_ms=lock_wait_ms
+        )
         return results, None
     except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
         unreachable = exc if isinstance(exc, ServiceUnavailable) else None
@@ -337,8 +351,14 @@ async def _after_failure(path: str, requests: list[AppendRequest], exc: Exceptio
     request never takes the others down with it."""
     if isinstance(exc, ProtocolError):
         return [exc] * len(requests)
+    refusal = refusal_for(exc)
+    if isinstance(refusal, ServiceUnavailable):
+        # A lock or statement timeout, or conflicts past their retries: nobody's input is at
+        # fault, and each request alone would wait as long again (probe 10e: eight appends
+        # to a stream whose row was held answered after 60 s, four lock timeouts, each).
+        logger.warning("appends to %r: %s (%s)", path, refusal.message, str(exc).strip()[:200])
+        return [refusal] * len(requests)
     if len(requests) == 1:
-        refusal = refusal_for(exc)
         if refusal is None:
             logger.error("append to %r failed", path, exc_info=exc)
             refusal = ProtocolError("internal server error")

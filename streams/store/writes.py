@@ -203,12 +203,32 @@ async def watch_streams(stream_ids: list[int], seconds: float) -> None:
 
 
 async def append_batch(
-    path: str, requests: list[AppendRequest], *, max_stream_bytes: int
+    path: str,
+    requests: list[AppendRequest],
+    *,
+    max_stream_bytes: int,
+    lock_wait_ms: int | None = None,
 ) -> list[AppendResult | ProtocolError]:
     """Append several requests to one stream in one transaction; one result per request, in
-    order, each either a success or the error that request must answer."""
-    rows = await _run(_APPEND, _append_params(path, requests, max_stream_bytes))
+    order, each either a success or the error that request must answer. ``lock_wait_ms``:
+    wait at most that long for the stream's lock (else the session's lock timeout), failing
+    with SQLSTATE 55P03 past it."""
+    params = _append_params(path, requests, max_stream_bytes)
+    if lock_wait_ms is None:
+        rows = await _run(_APPEND, params)
+    else:
+        rows = await _retried(params, lambda conn: _waiting_at_most(conn, params, lock_wait_ms))
     return _append_results(requests, rows)
+
+
+async def _waiting_at_most(
+    conn: AsyncConnection[Any], params: tuple[Any, ...], lock_wait_ms: int
+) -> list[tuple[Any, ...]]:
+    """``_APPEND`` in a transaction of its own whose lock timeout is ``lock_wait_ms`` (set
+    locally: it ends with the transaction, whatever happens to it)."""
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_wait_ms}ms",))
+        return await prepared.run(conn, _APPEND, params)
 
 
 async def append_batches(

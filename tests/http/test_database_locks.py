@@ -10,6 +10,7 @@ heard a 503.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from tests.conftest import ServerProcess
 TEXT = {"Content-Type": "text/plain"}
 # Longer than the server's lock timeout here (1 s) by far; a request that waited for the lock
 # instead would time out on this.
-CLIENT_TIMEOUT_SECS = 10.0
+CLIENT_TIMEOUT_SECS = 6.0
 
 
 def test_a_locked_table_answers_503_and_nothing_is_stored(
@@ -66,3 +67,48 @@ def test_pages_and_the_rest_api_wait_for_a_lock_no_longer_than_the_protocol(
         listed = http.get(catalog, params={"prefix": prefix})
     assert listed.status_code == 200, listed.text
     assert [s["path"] for s in listed.json()["results"]] == [f"{prefix}/a"]
+
+
+def test_a_stream_whose_row_is_held_does_not_hold_other_streams(
+    start_server: Any, database_url: str
+) -> None:
+    """Probe 10e: with one stream's row held (a session's SELECT ... FOR UPDATE), another
+    stream's append that shared a group-commit transaction with it waited 40 s: the transaction
+    failed after the lock timeout, each stream was written again alone (the held one first,
+    waiting as long again), and then each append to the held stream alone, a lock timeout
+    each. Now a lock timeout is nobody's fault: the held stream's appends answer 503 together,
+    and the streams tried again alone wait briefly for their locks. One write slot, so the
+    appends to both streams are bound to share a transaction."""
+    server: ServerProcess = start_server(
+        env={"DS_DB__LOCK_TIMEOUT_SECS": "1", "DS_DB__WRITE_TRANSACTIONS": "1"}
+    )
+    stamp = time.time_ns()
+    held, other = f"a-held/{stamp}", f"b-other/{stamp}"
+
+    async def run(locker: psycopg.Connection[Any]) -> tuple[list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_SECS) as http:
+            for path in (held, other):
+                assert (await http.put(server.stream_url(path), headers=TEXT)).status_code == 201
+            locker.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", (held,))
+            to_held = [
+                asyncio.create_task(
+                    http.post(server.stream_url(held), headers=TEXT, content=b"%d" % n)
+                )
+                for n in range(8)
+            ]
+            await asyncio.sleep(0.3)  # the first is waiting for the lock, the rest queued
+            # Answered within the client's timeout, while the row is still held: before, this
+            # waited for the held stream's eight lock timeouts and more.
+            to_other = await http.post(server.stream_url(other), headers=TEXT, content=b"fine")
+            return await asyncio.gather(*to_held), to_other
+
+    with psycopg.connect(database_url) as locker:
+        to_held, to_other = asyncio.run(run(locker))
+        locker.rollback()
+    assert to_other.status_code == 204, to_other.text
+    for response in to_held:
+        assert response.status_code == 503, response.text
+        assert int(response.headers["Retry-After"]) > 0
+    with httpx.Client(timeout=CLIENT_TIMEOUT_SECS) as http:
+        assert http.get(server.stream_url(held), params={"offset": "-1"}).content == b""
+        assert http.get(server.stream_url(other), params={"offset": "-1"}).content == b"fine"
