@@ -50,6 +50,8 @@ MAX_ANSWER_BYTES = 64 * 1024
 # Sids heard of and not yet handled (more means "check them all", as after a lost connection).
 MAX_HEARD = 10_000
 
+# How long stopping waits to hand back the wakes it was sending (seconds).
+RELEASE_TIMEOUT_SECS = 2.0
 # This process, as the sender of the webhook requests it issues (ds_subscription.sender).
 SENDER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
@@ -116,10 +118,21 @@ def ensure_started() -> None:
 
 
 async def stop() -> None:
+    """Stop waking and sending. The wakes this process was still sending are handed back:
+    their deadline is now, so the next sweep of any process (this one restarted, or another)
+    sends them again, rather than when the webhook's timeout would have ended them (probe
+    10f: with a 600 s timeout, wakes cut by a restart waited ten minutes)."""
     global _session
+    sending = [task for task in _tasks if not task.done()]
     for task in (_waker, _sweeper, *_tasks):
         if task is not None:
             task.cancel()
+    if sending:
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT_SECS):
+                await store.release_sending(SENDER)
+        except Exception as exc:  # noqa: BLE001 - they end at their deadline anyway
+            log_failure(logger, "handing back webhook wakes", exc)
     if _session is not None:
         session, _session = _session, None
         await session.close()

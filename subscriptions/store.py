@@ -233,6 +233,15 @@ async def expire() -> list[int]:
     return [sid for (sid,) in rows]
 
 
+async def release_sending(sender: str) -> None:
+    """End, at the next sweep, the webhook wakes ``sender`` is sending (it is stopping)."""
+    await _call(
+        "UPDATE ds_subscription SET send_deadline = now()"
+        " WHERE sender = %s AND wake_state = 'sending'",
+        (sender,),
+    )
+
+
 async def delivered(
     delivery: Delivery, *, done: bool, error: str | None, sender: str
 ) -> Delivery | None:

@@ -90,6 +90,43 @@ def test_each_delivery_checks_the_url_again(own_servers: StartServer, own_databa
         receiver.close()
 
 
+def test_wakes_cut_by_a_stop_are_sent_again_at_once(
+    own_servers: StartServer, own_database: str
+) -> None:
+    """Probe 10f: a server stopped while a webhook request was unanswered left the wake as
+    "sending" until the webhook's timeout (plus a margin) had passed: with a 600 s timeout, a
+    server started at once sent nothing for ten minutes. A stopping server hands back the
+    wakes it was sending; the next sweep sends them again."""
+    release = threading.Event()
+
+    def answer(received: Received) -> tuple[int, Any]:
+        if received.generation == 1:
+            release.wait(60)  # unanswered while the server stops
+        return 200, {"done": True}
+
+    receiver = Receiver(answer)
+    try:
+        patient = FAST | {"DS_SUBSCRIPTIONS__WEBHOOK_TIMEOUT_SECS": "600"}
+        first = own_servers(env=patient)
+        sub = f"handed-back-{time.time_ns()}"
+        path = f"{sub}/s"
+        with httpx.Client(base_url=first.base_url, timeout=30) as client:
+            response = put_subscription(
+                client, sub, type="webhook", streams=[path], webhook={"url": receiver.url}
+            )
+            assert response.status_code == 201
+            client.put(f"/v1/stream/{path}", content=b"x", headers={"Content-Type": "text/plain"})
+        receiver.wait(1)
+        first.stop()
+        own_servers(env=patient)
+        second_wake = receiver.wait(2, timeout=30)[1]
+        assert second_wake.generation == 2
+        assert second_wake.stream(path)["tail_offset"]
+    finally:
+        release.set()
+        receiver.close()
+
+
 def test_an_append_right_after_a_done_is_woken_without_the_sweep(
     own_servers: StartServer,
 ) -> None:
