@@ -22,6 +22,7 @@ from django.conf import settings
 
 from access.auth import authenticate
 from access.grants import credentials_required
+from streams import lifecycle
 from streams.errors import BadRequest, ProtocolError
 from streams.http.request import ClientDisconnected, Receive, Scope, Send, read_body
 from streams.http.responses import Response, error_response, send_response
@@ -40,6 +41,7 @@ def guarded(app: ASGIApp) -> ASGIApp:
         api = scope.get("path", "").startswith("/v1/")
         try:
             _check_url(scope)
+            lifecycle.require_checked()
             if body_watch.pending and api:
                 await _require_credentials(headers, scope)
             length = headers.get(b"content-length")

@@ -30,6 +30,7 @@ from django.conf import settings
 from psycopg_pool import PoolTimeout
 
 from streams import metrics
+from streams.errors import ServiceUnavailable
 from streams.http.observe import request_lines
 from streams.live import hub
 from streams.services import retention
@@ -46,6 +47,17 @@ POOL_GAUGE_SECS = 5.0
 Stopper = Callable[[], Any]
 
 _starters: list[Starter] = []
+# Whether the check of the database's SQL waits for the database to answer (it was
+# unreachable at start), or found it is not this code's: the process is not ready
+# (streams.http.health), and requests are answered 503 without touching the database.
+schema_unchecked = False
+# What requests are answered while it is so.
+UNCHECKED = ServiceUnavailable("the server has not yet checked its database; retry later")
+# Whether the process is shutting down (SIGTERM, SIGINT, or the lifespan's shutdown).
+shutting_down = False
+# The answer to a request the server cut short as it stopped (uvicorn cancels what is left
+# once --timeout-graceful-shutdown has passed): nothing of it was done unless acknowledged.
+STOPPING = ServiceUnavailable("the server is stopping; retry")
 # Tasks of this module's own (periodic work, the late schema check), cancelled at shutdown.
 _background: set[asyncio.Task[None]] = set()
 _stoppers: list[Stopper] = [metrics.forget_process, request_lines.flush]
@@ -122,6 +134,8 @@ async def startup() -> None:
     except PoolTimeout:
         # The database is unreachable: start anyway (requests answer 503 until it is back),
         # and check as soon as it answers.
+        global schema_unchecked
+        schema_unchecked = True
         logger.warning("database unreachable at start-up; its SQL is checked once it answers")
         _background.add(asyncio.get_running_loop().create_task(_verify_later()))
     await hub.start()
@@ -131,26 +145,46 @@ async def startup() -> None:
 
 
 async def _verify_schema(*, timeout: float) -> None:
+    global schema_unchecked
     pool = await get_pool()
     async with pool.connection(timeout=timeout) as conn:
         await verify_installed(conn)
+    schema_unchecked = False
+
+
+def require_checked() -> None:
+    """Raise ``UNCHECKED`` (503) while the database's SQL is not known to be this code's: a
+    request run then met a database never migrated as a 500 (probe 10f)."""
+    if schema_unchecked:
+        raise UNCHECKED
 
 
 async def _verify_later() -> None:
+    """The check start-up could not make, made once the database answers. Anything but a
+    verdict is tried again: a failure that ended this task left the process serving a
+    database it never checked (probe 10f: one that was never migrated, a 500 for every
+    request, and ready all the same)."""
     while True:
         try:
             await _verify_schema(timeout=30)
+            logger.info("the database's SQL is this code's")
             return
         except PoolTimeout:
             continue
         except SchemaMismatch:
+            # schema_unchecked stays set: no request reaches that database meanwhile.
             logger.critical("refusing to serve", exc_info=True)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        except Exception as exc:  # noqa: BLE001 - logged (log_failure); tried again
+            log_failure(logger, "checking the database's SQL", exc)
+            await asyncio.sleep(1)
 
 
 def begin_shutdown() -> None:
     """End every live reader now (see the module docstring)."""
+    global shutting_down
+    shutting_down = True
     logger.info("shutting down: ending live readers")
     hub.close_readers()
 

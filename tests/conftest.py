@@ -146,6 +146,7 @@ class ServerProcess:
         log_path: Path,
         kind: str,
         workers: int = 1,
+        uvicorn_args: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -160,6 +161,7 @@ class ServerProcess:
                 "--loop", "uvloop", "--http", "durable_project.protocol:HttpToolsProtocol",
                 "--no-access-log",
                 *(["--workers", str(workers)] if workers > 1 else []),
+                *uvicorn_args,
             ]  # fmt: skip
         elif kind == "runserver":
             argv = [

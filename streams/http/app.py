@@ -88,9 +88,16 @@ async def serve(
     async def run() -> None:
         try:
             check_host(scope.get("headers", []))
+            lifecycle.require_checked()
             response = await handle(scope, receive, sender, origin)
         except ClientDisconnected:
             return
+        except asyncio.CancelledError:
+            if sender.started or not lifecycle.shutting_down:
+                raise
+            # Cut short by a stopping server: a 503 to retry, where uvicorn would answer 500
+            # and log a traceback (probe 10f).
+            response = render_error(lifecycle.STOPPING)
         except ProtocolError as error:
             response = None if sender.started else render_error(error)
         except Exception as exc:  # noqa: BLE001 - the last line: one answer, never a crash

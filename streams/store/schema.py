@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from django.apps import AppConfig, apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
@@ -82,7 +83,12 @@ async def verify_installed(conn: Any) -> None:
     Python maps (streams.store.outcomes)."""
     from streams.store.outcomes import SQL_TYPES
 
-    cur = await conn.execute("SELECT digest FROM ds_sql_install")
+    try:
+        cur = await conn.execute("SELECT digest FROM ds_sql_install")
+    except psycopg.errors.UndefinedTable:
+        raise SchemaMismatch(
+            "the database holds none of the server's tables: run `manage.py migrate`"
+        ) from None
     row = await cur.fetchone()
     expected = digest()
     if row is None or row[0] != expected:

@@ -7,7 +7,9 @@ Each test names the defect it pins; all failed on commit 53fc172.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT, ServerProcess, free_port, manage
+from tests.faults.proxy import StallingProxy
 
 
 def _start_bare(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -227,3 +230,84 @@ def test_readers_of_a_draining_process_end_at_once(start_server: Any, live: str)
         assert status == 200 and b"event: control" in body
     server.process.wait(timeout=20)
     assert seconds < 15
+
+
+@pytest.fixture
+def unmigrated_database(database_url: str) -> Iterator[str]:
+    """An empty database, never migrated."""
+    name = f"bare_{os.getpid()}_{time.time_ns()}"
+    admin = database_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield database_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_database_checked_late_is_checked_all_the_same(
+    unmigrated_database: str, tmp_path: Path
+) -> None:
+    """Probe 10f: a server started while its database was unreachable checks the database's
+    SQL once it answers; when that database had never been migrated, the check's error ended
+    it silently, and the process answered 500 to every request while /readyz said 200. It is
+    not ready until the check is made, answers no 500 meanwhile, and refuses to serve (it
+    stops) once it finds the database is not its code's."""
+    host_port = unmigrated_database.split("@", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    proxy = StallingProxy(host, free_port()).start()  # a port nobody listens on, at first
+    try:
+        env = {"DS_DB__SOCKET_DIR": "", "DS_DB__ACQUIRE_TIMEOUT_SECS": "1"}
+        through_proxy = unmigrated_database.replace(host_port, f"127.0.0.1:{proxy.port}")
+        server = ServerProcess(through_proxy, env, tmp_path / "late.log", "uvicorn")
+        statuses: set[int] = set()
+        with httpx.Client(timeout=10) as http:
+            ready = http.get(f"{server.base_url}/readyz")
+            assert ready.status_code == 503 and ready.json()["schema"] != "ok", ready.text
+            proxy.target = (host, int(port))  # the database answers from now on
+            deadline = time.monotonic() + 60
+            while server.process.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    put = http.put(
+                        server.stream_url("late/x"), headers={"Content-Type": "text/plain"}
+                    )
+                    statuses.add(put.status_code)
+                time.sleep(0.2)
+        assert server.process.poll() is not None, "still serving a database never migrated"
+        assert 500 not in statuses, statuses
+        assert "refusing to serve" in (tmp_path / "late.log").read_text()
+        server.stop()
+    finally:
+        proxy.stop()
+
+
+def test_a_request_cut_short_by_a_stopping_server_is_a_503(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Probe 10f: a request still running when ``--timeout-graceful-shutdown`` passed (here a
+    POST whose body was still arriving) was cancelled by uvicorn, which answered 500 and
+    logged a traceback. It is answered 503 (retry), and nothing of it is stored."""
+    server = ServerProcess(database_url, {}, tmp_path / "stopping.log", "uvicorn",
+                           uvicorn_args=("--timeout-graceful-shutdown", "1"))  # fmt: skip
+    path = f"stopping/{time.time_ns()}"
+    created = httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"})
+    assert created.status_code == 201
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(
+            f"POST /v1/stream/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 100000\r\n\r\nthe start".encode()
+        )
+        time.sleep(0.5)  # the body is being read
+        server.process.terminate()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    server.process.wait(timeout=30)
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert b"retry-after:" in answer.lower()
+    log = (tmp_path / "stopping.log").read_text()
+    assert "Exception in ASGI application" not in log, log[-2000:]
+    with psycopg.connect(database_url) as conn:
+        stored = conn.execute("SELECT next_seq FROM ds_stream WHERE path = %s", (path,))
+        assert stored.fetchone() == (0,)

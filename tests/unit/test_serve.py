@@ -182,6 +182,7 @@ def test_a_head_the_connection_refused_counts_as_a_server_error() -> None:
 
     with pytest.raises(RuntimeError):
         asyncio.run(observe.observed(app, route)(_scope(), receive, refusing_send))
+    observe.request_lines.flush()  # its line, now: not at exit, into a closed capture
     counted = {
         dict(labels)["status"]: value
         for (name, labels), value in metrics.totals(frozenset({"ds_http_requests_total"})).items()
