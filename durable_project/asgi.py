@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
 
 from durable_project.process import share_metrics_directory, tune_malloc
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "durable_project.settings")
-share_metrics_directory()
-tune_malloc()
-django_asgi_app = get_asgi_application()
+try:
+    share_metrics_directory()
+    tune_malloc()
+    django_asgi_app = get_asgi_application()
+except ImproperlyConfigured as exc:
+    # A setting the server cannot run with. Exit status 3 is uvicorn's STARTUP_FAILURE: its
+    # supervisor stops, where any other status made it start the next worker, to fail the
+    # same way, again and again (probe 10f: 32 workers in 22 s, port bound, nothing served).
+    sys.stderr.write(f"refusing to start: {exc}\n")
+    sys.exit(3)
 
 from typing import Any, cast
 

@@ -9,13 +9,24 @@ import tempfile
 from multiprocessing import parent_process
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 def share_metrics_directory() -> None:
     """The directory where the workers of this server leave their metrics (streams.metrics):
     one per server start, named after the server (the uvicorn supervisor when there are
     workers) and its start time, so a reused pid is another server. ``DS_METRICS__DIR`` set by
     the operator wins; ``DS_METRICS__ENABLED=false`` turns metrics off."""
-    if os.environ.get("DS_METRICS__DIR"):
+    chosen = os.environ.get("DS_METRICS__DIR")
+    if chosen:
+        # Checked here, not at the first flush: a directory that cannot be written made every
+        # scrape a 500 and every flush a traceback (probe 10f).
+        try:
+            Path(chosen).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ImproperlyConfigured(f"DS_METRICS__DIR {chosen!r}: {exc.strerror}") from None
+        if not os.access(chosen, os.W_OK | os.X_OK):
+            raise ImproperlyConfigured(f"DS_METRICS__DIR {chosen!r} is not writable")
         return
     if os.environ.get("DS_METRICS__ENABLED", "true").lower() in ("false", "0", "no", "off"):
         return

@@ -27,6 +27,41 @@ ENV_FILE = Path(os.environ.get("DJANGO_ENV_FILE") or BASE_DIR / ".env")
 if ENV_FILE.is_file():
     environ.Env.read_env(ENV_FILE)
 
+
+def _int(name: str, default: int | None, *, least: int) -> Any:
+    """The integer setting ``name`` (``default`` when unset), ``least`` or more: anything else
+    refuses to start, naming the setting (a wrong type or value met only at the first request
+    that used it was a 500, a spin or a hang there: probe 10f)."""
+    try:
+        value = env.int(name, default=default)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name} must be an integer, not {os.environ.get(name)!r}"
+        ) from None
+    if value is not None and value < least:
+        raise ImproperlyConfigured(f"{name} must be {least} or more, not {value}")
+    return value
+
+
+def _float(
+    name: str, default: float, *, least: float | None = None, above: float | None = None
+) -> float:
+    """The number setting ``name`` (``default`` when unset): finite, ``least`` or more, or
+    more than ``above``; anything else refuses to start, naming the setting (as ``_int``)."""
+    raw = os.environ.get(name)
+    try:
+        value = env.float(name, default=default)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name} must be a finite number, not {raw!r}")
+    if least is not None and value < least:
+        raise ImproperlyConfigured(f"{name} must be {least} or more, not {value}")
+    if above is not None and value <= above:
+        raise ImproperlyConfigured(f"{name} must be more than {above}, not {value}")
+    return float(value)
+
+
 # Off unless asked for: a development checkout asks in its `.env` (written by `make setup`).
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-set-DJANGO_SECRET_KEY-in-production"
@@ -48,7 +83,7 @@ CSRF_FAILURE_VIEW = "console.access.csrf_failure"
 # (e.g. X-Forwarded-Proto; only if the proxy always sets it). Off by default so that a
 # checkout served over plain HTTP (make serve) can still sign in.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
-SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=0)
+SECURE_HSTS_SECONDS = _int("DJANGO_HSTS_SECONDS", default=0, least=0)
 _PROXY_SSL_HEADER = env.str("DJANGO_PROXY_SSL_HEADER", default="")
 if _PROXY_SSL_HEADER:
     SECURE_PROXY_SSL_HEADER = ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https")
@@ -138,12 +173,12 @@ else:
 # connections per process. A request waits at most DS_DB_ACQUIRE_TIMEOUT_SECS for a pooled
 # connection (here and in the protocol endpoints' async pool), then answers 503 with
 # Retry-After: the database is down or overloaded.
-DS_DB_ACQUIRE_TIMEOUT_SECS = env.float("DS_DB__ACQUIRE_TIMEOUT_SECS", default=3.0)
+DS_DB_ACQUIRE_TIMEOUT_SECS = _float("DS_DB__ACQUIRE_TIMEOUT_SECS", default=3.0, above=0)
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
     "min_size": 0,
-    "max_size": env.int("DS_DB__DJANGO_POOL_MAX_SIZE", default=4),
+    "max_size": _int("DS_DB__DJANGO_POOL_MAX_SIZE", default=4, least=1),
     "timeout": DS_DB_ACQUIRE_TIMEOUT_SECS,
     "max_idle": 60,
     # Give up a reconnection after 5 s, so the next request starts over at once once the
@@ -169,6 +204,16 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The setting ``name`` (``default`` when unset), one of ``choices``; else refuses to start."""
+    value = env.str(name, default=default)
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+_LOG_LEVEL = _choice("DS_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -180,14 +225,14 @@ LOGGING = {
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": env.str("DS_LOG__FORMAT", default="text"),
+            "formatter": _choice("DS_LOG__FORMAT", "text", ("text", "json")),
             "filters": ["request_id"],
         },
     },
     "loggers": {
         name: {
             "handlers": ["console"],
-            "level": env("DS_LOG_LEVEL", default="INFO"),
+            "level": _LOG_LEVEL,
             "propagate": False,
         }
         for name in (
@@ -210,7 +255,7 @@ LOGGING = {
 # --- Durable Streams (names follow the peer server's DS_SECTION__NAME convention) -------------
 
 # Long-poll wait before 204 (PROTOCOL.md 5.7). The conformance suite wants it under 4 s.
-DS_LONG_POLL_TIMEOUT_SECS = env.float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0)
+DS_LONG_POLL_TIMEOUT_SECS = _float("DS_SERVER__LONG_POLL_TIMEOUT_SECS", default=30.0, least=0)
 
 
 def _descriptor_share(share: float) -> int:
@@ -223,59 +268,53 @@ def _descriptor_share(share: float) -> int:
 # it), and the process in all (503 past it; by default four fifths of its descriptor limit, so
 # live reads cannot take the descriptors every other connection, the pool and files need):
 # streams.live_readers. 0: no limit.
-DS_LIVE_MAX_PER_CLIENT = env.int("DS_LIVE__MAX_PER_CLIENT", default=2000)
-DS_LIVE_MAX_READERS = env.int("DS_LIVE__MAX_READERS", default=_descriptor_share(0.8))
-if DS_LIVE_MAX_PER_CLIENT < 0 or DS_LIVE_MAX_READERS < 0:
-    raise ImproperlyConfigured("DS_LIVE__MAX_PER_CLIENT and DS_LIVE__MAX_READERS must be 0 or more")
+DS_LIVE_MAX_PER_CLIENT = _int("DS_LIVE__MAX_PER_CLIENT", default=2000, least=0)
+DS_LIVE_MAX_READERS = _int("DS_LIVE__MAX_READERS", default=_descriptor_share(0.8), least=0)
 # An idle SSE connection gets a comment this often, so proxies and clients keep it open.
-DS_SSE_KEEPALIVE_SECS = env.float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0)
+DS_SSE_KEEPALIVE_SECS = _float("DS_SERVER__SSE_KEEPALIVE_SECS", default=15.0, above=0)
 # SSE connections end after this long so CDNs can collapse them (PROTOCOL.md 10.2); 0 = never.
-DS_SSE_RECONNECT_INTERVAL_SECS = env.float("DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0)
+DS_SSE_RECONNECT_INTERVAL_SECS = _float(
+    "DS_SERVER__SSE_RECONNECT_INTERVAL_SECS", default=60.0, least=0
+)
 # A connection whose client has not taken what was written to it (its buffer over the
 # high-water mark) for this many seconds is cut (aborted, so what it buffered is freed): a
 # client that stops reading holds no memory for longer (durable_project.protocol).
-DS_SEND_TIMEOUT_SECS = env.float("DS_SERVER__SEND_TIMEOUT_SECS", default=30.0)
+DS_SEND_TIMEOUT_SECS = _float("DS_SERVER__SEND_TIMEOUT_SECS", default=30.0, above=0)
 # Origins allowed by CORS: "*" or a comma-separated list.
 DS_CORS_ORIGINS = env.list("DS_HTTP__CORS_ORIGINS", default=["*"])
 # A stream may hold at most this many bytes; an append past it answers 413.
-DS_MAX_STREAM_BYTES = env.int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3)
+DS_MAX_STREAM_BYTES = _int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3, least=1)
 # A request body may be at most this many bytes; a larger one answers 413 and stores nothing.
-DS_MAX_REQUEST_BYTES = env.int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2)
+DS_MAX_REQUEST_BYTES = _int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2, least=1)
 # How many forks deep a chain may go (a fork of a fork of ... ): every read and HEAD of a fork
 # walks its chain, so its depth is what each costs (400 past it; ds_max_fork_depth).
-DS_MAX_FORK_DEPTH = env.int("DS_LIMITS__MAX_FORK_DEPTH", default=100)
-if DS_MAX_FORK_DEPTH < 1:
-    raise ImproperlyConfigured("DS_LIMITS__MAX_FORK_DEPTH must be 1 or more")
+DS_MAX_FORK_DEPTH = _int("DS_LIMITS__MAX_FORK_DEPTH", default=100, least=1)
 # A JSON append (or a create's initial body) may hold at most this many messages (413).
-DS_MAX_APPEND_MESSAGES = env.int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000)
+DS_MAX_APPEND_MESSAGES = _int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000, least=1)
 # A request body's next part must arrive within this many seconds (408 otherwise).
-DS_BODY_READ_TIMEOUT_SECS = env.float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0)
+DS_BODY_READ_TIMEOUT_SECS = _float("DS_HTTP__BODY_READ_TIMEOUT_SECS", default=30.0, above=0)
 # Bytes of request bodies a process holds while they arrive, past which bodies larger than
 # 1 MiB are refused (503): a client sending large bodies slowly held them all
 # (streams.http.request).
-DS_ARRIVING_BODIES_BYTES = env.int("DS_HTTP__ARRIVING_BODIES_BYTES", default=512 * 1024**2)
+DS_ARRIVING_BODIES_BYTES = _int("DS_HTTP__ARRIVING_BODIES_BYTES", default=512 * 1024**2, least=0)
 # A request's head (request line and headers) must be complete this many seconds after it began
 # (408 otherwise), and a connection's first request must begin within it (closed otherwise),
 # under the production command's protocol (durable_project.protocol).
-DS_HEAD_TIMEOUT_SECS = env.float("DS_HTTP__HEAD_TIMEOUT_SECS", default=30.0)
+DS_HEAD_TIMEOUT_SECS = _float("DS_HTTP__HEAD_TIMEOUT_SECS", default=30.0, above=0)
 # A catch-up response carries at most about this many bytes (always at least one message).
 # What one response holds in memory while it is sent: the messages as read, plus one block of
 # them (1 MiB) at a time joined for sending (streams.http.responses).
-DS_MAX_READ_BYTES = env.int("DS_READ__MAX_CHUNK_BYTES", default=8 * 1024**2)
+DS_MAX_READ_BYTES = _int("DS_READ__MAX_CHUNK_BYTES", default=8 * 1024**2, least=1)
 # ... and at most this many messages, so a stream of tiny messages is read in bounded steps.
-DS_MAX_READ_MESSAGES = env.int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000)
+DS_MAX_READ_MESSAGES = _int("DS_READ__MAX_CHUNK_MESSAGES", default=10_000, least=1)
 # Past this many bytes of answers a process holds while their clients take them, reads carry at
 # most 64 KiB each (streams.held_answers): slow clients cannot make a process hold gigabytes.
-DS_READ_HELD_ANSWERS_BYTES = env.int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1024**2)
-if DS_READ_HELD_ANSWERS_BYTES < 0:
-    raise ImproperlyConfigured("DS_READ__HELD_ANSWERS_BYTES must be 0 or more")
+DS_READ_HELD_ANSWERS_BYTES = _int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1024**2, least=0)
 # How long a statement waits for a lock (PostgreSQL's lock_timeout) before it fails and its
 # request answers 503 with Retry-After: a table or row locked by someone else (a long
 # transaction, an operator's LOCK, DDL) otherwise held every request that met it, and its pooled
 # connection, for as long as the lock lasted. 0: wait without limit.
-DS_DB_LOCK_TIMEOUT_SECS = env.float("DS_DB__LOCK_TIMEOUT_SECS", default=15.0)
-if DS_DB_LOCK_TIMEOUT_SECS < 0:
-    raise ImproperlyConfigured("DS_DB__LOCK_TIMEOUT_SECS must be 0 or more")
+DS_DB_LOCK_TIMEOUT_SECS = _float("DS_DB__LOCK_TIMEOUT_SECS", default=15.0, least=0)
 # The session settings (libpq ``options``) of every connection the server and its commands make,
 # the protocol endpoints' pool (streams.store.pool) and Django's alike: how deep forks may go
 # (ds_max_fork_depth) and the lock timeout above. Django's connections had neither: a catalog
@@ -291,61 +330,67 @@ _django_options["options"] = " ".join(
 )
 # Connections in each server process's async pool. Small is fast: appends to one stream queue
 # on its row lock anyway (DESIGN.md, storage measurements).
-DS_DB_POOL_MIN_SIZE = env.int("DS_DB__POOL_MIN_SIZE", default=1)
-DS_DB_POOL_MAX_SIZE = env.int("DS_DB__POOL_MAX_SIZE", default=6)
+DS_DB_POOL_MIN_SIZE = _int("DS_DB__POOL_MIN_SIZE", default=1, least=0)
+DS_DB_POOL_MAX_SIZE = _int("DS_DB__POOL_MAX_SIZE", default=6, least=max(1, DS_DB_POOL_MIN_SIZE))
 # Connections of each process reserved for write transactions over 8 MiB, which keep their
 # buffers (up to 32 MiB) instead of being replaced after each (streams.store.pool); 0: none,
 # such transactions use the pool above and replace their connection.
-DS_DB_LARGE_WRITE_CONNECTIONS = env.int("DS_DB__LARGE_WRITE_CONNECTIONS", default=2)
+DS_DB_LARGE_WRITE_CONNECTIONS = _int("DS_DB__LARGE_WRITE_CONNECTIONS", default=2, least=0)
 # Write transactions in flight at once per process (streams.store.group_commit): appends that
 # arrive while they are busy wait and share the next one. Fewer means larger batches (less CPU
 # and fewer commits per append), more means less waiting.
-DS_DB_WRITE_TRANSACTIONS = env.int("DS_DB__WRITE_TRANSACTIONS", default=1)
+DS_DB_WRITE_TRANSACTIONS = _int("DS_DB__WRITE_TRANSACTIONS", default=1, least=1)
 # The LISTEN connection of live delivery: DATABASE_URL unless set (a pooler in transaction mode,
 # such as PgBouncer's, cannot LISTEN: point this at the database itself).
 DS_LISTEN_DATABASE_URL = env("DS_DB__LISTEN_URL", default="")
 # Every this many seconds the LISTEN connection sends itself a notification; when nothing
 # comes back for twice as long, it has stalled and is replaced (readers then re-read).
-DS_LISTEN_HEARTBEAT_SECS = env.float("DS_DB__LISTEN_HEARTBEAT_SECS", default=5.0)
+DS_LISTEN_HEARTBEAT_SECS = _float("DS_DB__LISTEN_HEARTBEAT_SECS", default=5.0, above=0)
 # Expired streams are deleted on access and by a sweep this often (seconds, per process).
-DS_EXPIRY_SWEEP_INTERVAL_SECS = env.float("DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0)
+DS_EXPIRY_SWEEP_INTERVAL_SECS = _float(
+    "DS_SERVER__EXPIRY_SWEEP_INTERVAL_SECS", default=60.0, least=0
+)
 
 # Retention (docs/gaps.md, Retention): the policy of streams that set none of their own
 # (Stream-Retention-Max-Age / -Max-Bytes at creation; staff change it in the admin). None by
 # default: streams keep everything. Internal streams and registered state streams are exempt.
-DS_RETENTION_MAX_AGE_SECS = env.int("DS_RETENTION__MAX_AGE_SECS", default=None)
-DS_RETENTION_MAX_BYTES = env.int("DS_RETENTION__MAX_BYTES", default=None)
+DS_RETENTION_MAX_AGE_SECS = _int("DS_RETENTION__MAX_AGE_SECS", default=None, least=1)
+DS_RETENTION_MAX_BYTES = _int("DS_RETENTION__MAX_BYTES", default=None, least=1)
 # How often each server process enforces retention (marks, trims, purges); 0 = never (then
 # `manage.py trim_streams` does it). Age retention keeps messages up to this much longer.
-DS_RETENTION_SWEEP_INTERVAL_SECS = env.float("DS_RETENTION__SWEEP_INTERVAL_SECS", default=60.0)
+DS_RETENTION_SWEEP_INTERVAL_SECS = _float(
+    "DS_RETENTION__SWEEP_INTERVAL_SECS", default=60.0, least=0
+)
 # Trimmed rows are deleted this many (at most) per transaction.
-DS_RETENTION_PURGE_BATCH_ROWS = env.int("DS_RETENTION__PURGE_BATCH_ROWS", default=5000)
+DS_RETENTION_PURGE_BATCH_ROWS = _int("DS_RETENTION__PURGE_BATCH_ROWS", default=5000, least=1)
 
 # State streams left behind (e.g. by a stopped process) are materialized by a sweep this often.
-DS_STATE_SWEEP_INTERVAL_SECS = env.float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0)
+DS_STATE_SWEEP_INTERVAL_SECS = _float("DS_STATE__SWEEP_INTERVAL_SECS", default=5.0, least=0)
 # How long the schema check of an append may take (plus a second per MiB of the append) in its
 # process (state.checker) before that process is replaced and the append refused (400).
-DS_STATE_CHECK_TIMEOUT_SECS = env.float("DS_STATE__CHECK_TIMEOUT_SECS", default=2.0)
+DS_STATE_CHECK_TIMEOUT_SECS = _float("DS_STATE__CHECK_TIMEOUT_SECS", default=2.0, above=0)
 if DS_STATE_CHECK_TIMEOUT_SECS <= 0:
     raise ImproperlyConfigured("DS_STATE__CHECK_TIMEOUT_SECS must be more than 0")
 # State streams whose registration (compiled schemas) each process keeps for validating appends;
 # past it, the least recently used is dropped and read again when next needed.
-DS_STATE_CACHED_REGISTRATIONS = env.int("DS_STATE__CACHED_REGISTRATIONS", default=256)
+DS_STATE_CACHED_REGISTRATIONS = _int("DS_STATE__CACHED_REGISTRATIONS", default=256, least=1)
 if DS_STATE_CACHED_REGISTRATIONS < 1:
     raise ImproperlyConfigured("DS_STATE__CACHED_REGISTRATIONS must be 1 or more")
 # Compaction of state streams registered with it (state/compaction.py): a sweep this often
 # (0 = never: `manage.py compact_state` does it) compacts those with this many new events.
-DS_STATE_COMPACTION_INTERVAL_SECS = env.float("DS_STATE__COMPACTION_INTERVAL_SECS", default=60.0)
-DS_STATE_COMPACTION_MIN_EVENTS = env.int("DS_STATE__COMPACTION_MIN_EVENTS", default=10_000)
+DS_STATE_COMPACTION_INTERVAL_SECS = _float(
+    "DS_STATE__COMPACTION_INTERVAL_SECS", default=60.0, least=0
+)
+DS_STATE_COMPACTION_MIN_EVENTS = _int("DS_STATE__COMPACTION_MIN_EVENTS", default=10_000, least=0)
 # Deletes are kept this long by compaction (a reader resuming from before a dropped delete gets
 # 410), unless a registration says otherwise.
-DS_STATE_TOMBSTONE_SECS = env.int("DS_STATE__TOMBSTONE_SECS", default=86_400)
+DS_STATE_TOMBSTONE_SECS = _int("DS_STATE__TOMBSTONE_SECS", default=86_400, least=0)
 
 # Table sync (tablesync/): every process checks every sink this often (besides being woken by
 # appends), and reloads the lists of sinks and published tables.
-DS_TABLESYNC_SWEEP_INTERVAL_SECS = env.float("DS_TABLESYNC__SWEEP_INTERVAL_SECS", default=5.0)
+DS_TABLESYNC_SWEEP_INTERVAL_SECS = _float("DS_TABLESYNC__SWEEP_INTERVAL_SECS", default=5.0, least=0)
 # Messages a sink applies per transaction.
-DS_TABLESYNC_SINK_BATCH_MESSAGES = env.int("DS_TABLESYNC__SINK_BATCH_MESSAGES", default=2000)
+DS_TABLESYNC_SINK_BATCH_MESSAGES = _int("DS_TABLESYNC__SINK_BATCH_MESSAGES", default=2000, least=1)
 
 # --- Access control (access/, PROTOCOL.md 12.1) ---------------------------------------------
 
@@ -368,19 +413,13 @@ if DS_CACHE_SCOPE not in ("public", "private"):
 # Signs read URLs (access.signing); the secret key when unset.
 DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
 # Signed URLs may be valid for at most this long.
-DS_AUTH_SIGNED_URL_MAX_SECS = env.int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600)
+DS_AUTH_SIGNED_URL_MAX_SECS = _int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600, least=1)
 # Keys a process has not cached are looked up one by one, up to this many a second (a token
 # bucket); past it, an id not on the process's list of every key id is refused without a
 # lookup, and the list is read again for such an id at most every DS_AUTH__UNKNOWN_KEY_SECS,
 # which is also how long a process remembers one id as unknown (access.auth).
-DS_AUTH_KEY_LOOKUPS_PER_SEC = env.float("DS_AUTH__KEY_LOOKUPS_PER_SEC", default=50.0)
-DS_AUTH_UNKNOWN_KEY_SECS = env.float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0)
-if not (DS_AUTH_KEY_LOOKUPS_PER_SEC >= 0 and math.isfinite(DS_AUTH_KEY_LOOKUPS_PER_SEC)) or not (
-    DS_AUTH_UNKNOWN_KEY_SECS > 0 and math.isfinite(DS_AUTH_UNKNOWN_KEY_SECS)
-):
-    raise ImproperlyConfigured(
-        "DS_AUTH__KEY_LOOKUPS_PER_SEC must be a number from 0 on, DS_AUTH__UNKNOWN_KEY_SECS above 0"
-    )
+DS_AUTH_KEY_LOOKUPS_PER_SEC = _float("DS_AUTH__KEY_LOOKUPS_PER_SEC", default=50.0, least=0)
+DS_AUTH_UNKNOWN_KEY_SECS = _float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0, above=0)
 # Tokens of an identity provider (JWT): the public keys (a JWKS URL or file), the issuer and
 # audience they must carry, the algorithms accepted and the claim holding their grants.
 DS_AUTH_JWT_JWKS_URL = env.str("DS_AUTH__JWT_JWKS_URL", default="")
@@ -401,20 +440,20 @@ DS_SUBSCRIPTIONS_ALLOW_LOOPBACK_WEBHOOKS = env.bool(
 # are built; unset: the scheme and Host of the request that creates the subscription.
 DS_SUBSCRIPTIONS_PUBLIC_URL = env.str("DS_SUBSCRIPTIONS__PUBLIC_URL", default="")
 # A webhook request must be answered within this long, or it counts as a failed attempt.
-DS_SUBSCRIPTIONS_WEBHOOK_TIMEOUT_SECS = env.float(
-    "DS_SUBSCRIPTIONS__WEBHOOK_TIMEOUT_SECS", default=10.0
+DS_SUBSCRIPTIONS_WEBHOOK_TIMEOUT_SECS = _float(
+    "DS_SUBSCRIPTIONS__WEBHOOK_TIMEOUT_SECS", default=10.0, above=0
 )
 # Every process checks this often for expired leases, due retries and wakes a stopped process
 # left behind (wakes themselves follow appends at once).
-DS_SUBSCRIPTIONS_SWEEP_INTERVAL_SECS = env.float(
-    "DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS", default=1.0
+DS_SUBSCRIPTIONS_SWEEP_INTERVAL_SECS = _float(
+    "DS_SUBSCRIPTIONS__SWEEP_INTERVAL_SECS", default=1.0, least=0
 )
 # Links the sweep looks at each time for work a lost notification left behind (a step of a
 # round over every subscription): what bounds its work whatever the number of links.
-DS_SUBSCRIPTIONS_SWEEP_LINKS = env.int("DS_SUBSCRIPTIONS__SWEEP_LINKS", default=20_000)
+DS_SUBSCRIPTIONS_SWEEP_LINKS = _int("DS_SUBSCRIPTIONS__SWEEP_LINKS", default=20_000, least=1)
 # Webhook requests in flight at once per process.
-DS_SUBSCRIPTIONS_MAX_CONCURRENT_DELIVERIES = env.int(
-    "DS_SUBSCRIPTIONS__MAX_CONCURRENT_DELIVERIES", default=256
+DS_SUBSCRIPTIONS_MAX_CONCURRENT_DELIVERIES = _int(
+    "DS_SUBSCRIPTIONS__MAX_CONCURRENT_DELIVERIES", default=256, least=1
 )
 
 # --- Observability ---------------------------------------------------------------------------
@@ -429,24 +468,24 @@ DS_LOG_REQUESTS = env.bool("DS_LOG__REQUESTS", default=True)
 # --- Yjs documents (YJS-PROTOCOL.md) -------------------------------------------------------
 
 # Compact a document once this many update bytes accumulated since its last snapshot.
-YJS_COMPACTION_THRESHOLD_BYTES = env.int("YJS_COMPACTION_THRESHOLD_BYTES", default=1024**2)
+YJS_COMPACTION_THRESHOLD_BYTES = _int("YJS_COMPACTION_THRESHOLD_BYTES", default=1024**2, least=1)
 # Awareness streams expire after this long without reads or writes (sliding TTL).
-YJS_AWARENESS_TTL_SECS = env.int("YJS_AWARENESS_TTL_SECS", default=3600)
+YJS_AWARENESS_TTL_SECS = _int("YJS_AWARENESS_TTL_SECS", default=3600, least=1)
 # Documents each process keeps a copy of, to check POSTs against the whole document
 # (yjs.replicas); the least recently written beyond this are dropped and rebuilt when written.
-YJS_CHECKED_DOCUMENTS = env.int("YJS_CHECKED_DOCUMENTS", default=64)
+YJS_CHECKED_DOCUMENTS = _int("YJS_CHECKED_DOCUMENTS", default=64, least=0)
 # pycrdt's work on updates (checking a POST, building a copy of a document, compacting) runs in
 # a process of its own (yjs.engine) with this long, plus this per MiB; past it the process
 # is killed: a POST is refused (400), a copy or compaction fails (503, or recorded).
-YJS_CHECK_TIMEOUT_SECS = env.float("YJS_CHECK_TIMEOUT_SECS", default=10.0)
-YJS_CHECK_SECS_PER_MIB = env.float("YJS_CHECK_SECS_PER_MIB", default=1.0)
+YJS_CHECK_TIMEOUT_SECS = _float("YJS_CHECK_TIMEOUT_SECS", default=10.0, above=0)
+YJS_CHECK_SECS_PER_MIB = _float("YJS_CHECK_SECS_PER_MIB", default=1.0, least=0)
 # A document holding more bytes of updates than this (or about to, with the POSTs being checked)
 # is checked in that process: pycrdt's calls on it could hold Python's lock for more than a few
 # milliseconds (about 0.1 s a MiB of small map entries, and faster than linearly for some shapes:
 # 0.1 s for 32 KiB of concurrent inserts at one place). Smaller ones are checked in the server
 # process itself, without the round trip (0.2 ms, half a small POST's time), and move to the
 # engine once one call on them is slow (yjs.replicas.INLINE_SLOW_SECS).
-YJS_INLINE_DOCUMENT_BYTES = env.int("YJS_INLINE_DOCUMENT_BYTES", default=32 * 1024)
+YJS_INLINE_DOCUMENT_BYTES = _int("YJS_INLINE_DOCUMENT_BYTES", default=32 * 1024, least=0)
 # Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
 # need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
 YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})

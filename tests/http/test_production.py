@@ -26,12 +26,12 @@ from tests.conftest import ROOT, ServerProcess, free_port, manage
 from tests.faults.proxy import StallingProxy
 
 
-def _start_bare(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _start_bare(env: dict[str, str], workers: int = 1) -> subprocess.CompletedProcess[str]:
     """Start uvicorn with ``env`` and no settings of the test harness; it must exit by itself
     (refusing to start) within the timeout."""
     port = free_port()
     argv = [sys.executable, "-m", "uvicorn", "durable_project.asgi:application",
-            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]  # fmt: skip
     return subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -55,6 +55,33 @@ def test_without_debug_the_development_secret_key_is_refused(database_url: str) 
         result = _start_bare(_bare_env(database_url, **extra))
         assert result.returncode != 0
         assert "DJANGO_SECRET_KEY" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DS_LIVE__MAX_PER_CLIENT", "abc"),
+        ("DS_SERVER__LONG_POLL_TIMEOUT_SECS", "nan"),
+        ("DS_SERVER__SSE_KEEPALIVE_SECS", "0"),
+        ("DS_HTTP__HEAD_TIMEOUT_SECS", "0"),
+        ("DS_READ__MAX_CHUNK_MESSAGES", "0"),
+        ("DS_LIMITS__MAX_REQUEST_BYTES", "-1"),
+        ("DS_LOG__FORMAT", "xml"),
+        ("DS_METRICS__DIR", "/proc/nonexistent"),
+    ],
+)
+def test_a_setting_the_server_cannot_run_with_stops_it(
+    database_url: str, name: str, value: str
+) -> None:
+    """Probe 10f: a setting of the wrong type failed each worker as it loaded, and uvicorn's
+    supervisor started the next one, for ever (32 workers in 22 s, the port bound, nothing
+    served); a zero or negative one was taken, then every request was refused, hung or spun
+    (SSE keep-alives in a tight loop). Every number is checked at start now, and a setting the
+    server cannot run with stops it, naming the setting."""
+    env = _bare_env(database_url, DJANGO_SECRET_KEY="s" * 50, **{name: value})
+    result = _start_bare(env, workers=2)
+    assert f"refusing to start: {name}" in result.stderr, result.stderr[-2000:]
+    assert "died" not in result.stderr  # no worker started again
 
 
 def test_production_errors_leak_nothing_and_hosts_are_checked(server: Any) -> None:
