@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
+from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -40,6 +41,7 @@ class SchemaView(SpectacularAPIView):
     _built: ClassVar[Any] = None
     _building = threading.Lock()
 
+    @extend_schema(exclude=True)  # as drf-spectacular's own get: not a path of the API
     def get(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponse:
         if "version" in request.query_params:
             detail = "this API has one version: ask for its schema without ?version="
