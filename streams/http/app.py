@@ -93,10 +93,16 @@ async def serve(
         except ClientDisconnected:
             return
         except asyncio.CancelledError:
+            # Cut short by a stopping server (--timeout-graceful-shutdown): a 503 to retry,
+            # where uvicorn would answer 500 and log a traceback (probe 10f), but only when
+            # nothing of the request can have been done: a read, or a write whose body had
+            # not all arrived. A write with its body may already be in a transaction that
+            # commits after this (group commit's writers are not the request's: review), so
+            # its outcome is unknown, and uvicorn says so.
             if sender.started or not lifecycle.shutting_down:
                 raise
-            # Cut short by a stopping server: a 503 to retry, where uvicorn would answer 500
-            # and log a traceback (probe 10f).
+            if not receive.pending and method not in ("GET", "HEAD"):
+                raise
             response = render_error(lifecycle.STOPPING)
         except ProtocolError as error:
             response = None if sender.started else render_error(error)
