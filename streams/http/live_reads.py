@@ -139,6 +139,9 @@ class SseSession:
         expires_at = self.standing.principal.expires_at
         if expires_at is not None:
             self.ends_at = min(self.ends_at, time.monotonic() + expires_at - time.time())
+        # The stream's own Stream-Expires-At: the connection ends then, and the client's
+        # reconnect hears 404 (it stayed open, with keep-alives, past it: probe 10f).
+        self.ends_at = min(self.ends_at, services.expiry_deadline(meta))
 
     async def run(self, subscription: Subscription, result: ReadResult) -> None:
         """Follow the stream from ``result``, the read made (armed) before the response began."""

@@ -14,6 +14,7 @@ Other apps (Yjs, state) call these functions, never a handler's internals.
 """
 
 from streams.services.reads import (
+    expiry_deadline,
     live_read,
     long_poll,
     next_read,
@@ -39,6 +40,7 @@ __all__ = [
     "byte_append",
     "create_stream",
     "delete_stream",
+    "expiry_deadline",
     "live_read",
     "long_poll",
     "next_read",

@@ -8,6 +8,7 @@ connection.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -161,7 +162,26 @@ async def long_poll(
         mode="long-poll",
         resource=resource,
     ) as (subscription, meta, result):
-        return await _wait_for_data(subscription, meta, result, deadline)
+        # Past the stream's Stream-Expires-At (and a margin, so the store's clock agrees) the
+        # wait ends in a 404 (a 204 said an expired stream was up to date: probe 10f).
+        expiry = expiry_deadline(meta) + EXPIRY_MARGIN_SECS
+        meta, found = await _wait_for_data(subscription, meta, result, min(deadline, expiry))
+    if found is None and expiry <= deadline:
+        meta = await reads.stream_meta(path, touch=False)  # NotFound now
+    return meta, found
+
+
+# How long past a stream's expiry (seconds) a long-poll ends, to find it gone.
+EXPIRY_MARGIN_SECS = 0.05
+
+
+def expiry_deadline(meta: StreamMeta) -> float:
+    """When (``time.monotonic()``) the stream's absolute expiry comes; inf without one. A
+    live reader waits no longer (a sliding TTL does not pass while readers wait:
+    ``ds_is_expired``)."""
+    if meta.expires_at is None:
+        return math.inf
+    return time.monotonic() + (meta.expires_at.timestamp() - time.time())
 
 
 async def _open_read(

@@ -229,3 +229,39 @@ def test_location_holds_only_what_a_url_may(server: ServerProcess, stream_path: 
     assert _status(answer) == 201, answer
     (location,) = [line for line in answer.split(b"\r\n") if line.lower().startswith(b"location:")]
     assert location.endswith(f"/v1/stream/{stream_path}-%20%22%3C%3E%7C".encode()), location
+
+
+def test_a_stream_with_a_live_reader_does_not_expire_by_its_ttl(
+    client: httpx.Client, stream_path: str
+) -> None:
+    """5.1: "a stream with active live readers will not expire". A reader waiting longer than
+    the stream's sliding TTL (the test servers' long-polls wait 2 s, the TTL is 1 s) saw it
+    expire under it, and was then told it was up to date (probe 10f)."""
+    url = _url(stream_path)
+    created = client.put(url, headers={**TEXT, "Stream-TTL": "1"})
+    assert created.status_code == 201
+    tail = created.headers["Stream-Next-Offset"]
+    waited = client.get(url, params={"offset": tail, "live": "long-poll"})
+    assert waited.status_code == 204
+    assert client.head(url).status_code == 200  # HEAD renews nothing: alive, still watched
+
+
+def test_live_readers_end_when_their_stream_expires(client: httpx.Client, stream_path: str) -> None:
+    """5.1: past its Stream-Expires-At a stream is gone. A long-poll waiting then answered 204
+    (up to date) at its timeout, and an SSE connection stayed open with keep-alives until its
+    reconnect interval (probe 10f). The long-poll answers 404 at the expiry; the SSE
+    connection ends then (its reconnect hears 404)."""
+    for live in ("long-poll", "sse"):
+        url = _url(f"{stream_path}-{live}")
+        soon = datetime.now(UTC) + timedelta(seconds=1)
+        expires = {"Stream-Expires-At": soon.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        created = client.put(url, headers={**TEXT, **expires})
+        assert created.status_code == 201, created.text
+        params = {"offset": created.headers["Stream-Next-Offset"], "live": live}
+        with client.stream("GET", url, params=params, timeout=10) as reader:
+            body = reader.read()  # to its end: a read timeout fails the test
+        if live == "long-poll":
+            assert reader.status_code == 404, (reader.status_code, body)
+        else:
+            assert reader.status_code == 200 and b"event: control" in body
+        assert client.get(url, params={"offset": "-1"}).status_code == 404

@@ -36,12 +36,17 @@ LANGUAGE plpgsql AS $$ BEGIN END; $$;
 CREATE OR REPLACE FUNCTION ds_hook_deleted(s ds_stream) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END; $$;
 
--- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1)
+-- Has the stream's sliding TTL or absolute expiry passed? (PROTOCOL.md 5.1) A sliding TTL does
+-- not pass while the stream is watched (a process has live readers of it: its mark, renewed
+-- while they wait, streams.live): "a stream with active live readers will not expire" (5.1).
+-- A reader held longer than the TTL saw the stream expire under it, and was told it was up to
+-- date (probe 10f).
 CREATE OR REPLACE FUNCTION ds_is_expired(s ds_stream) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT (s.expires_at IS NOT NULL AND s.expires_at <= now())
         OR (s.ttl_seconds IS NOT NULL
-            AND s.accessed_at + make_interval(secs => s.ttl_seconds) <= now())
+            AND s.accessed_at + make_interval(secs => s.ttl_seconds) <= now()
+            AND NOT coalesce(s.watched_until > now(), false))
 $$;
 
 -- Tell live readers a stream is gone: "<id>:-1:d" (streams/live.py).
