@@ -279,8 +279,11 @@ async def _outcomes(batches: list[Batch]) -> list[tuple[list[Result], ServiceUna
                 # batch is tried again waiting for its lock briefly, so that the streams
                 # behind the held one are not held as long again (probe 10e: another stream's
                 # append waited 40 s behind one row a session held).
+                briefly = BUSY_LOCK_WAIT_MS
+                if settings.DS_DB_LOCK_TIMEOUT_SECS > 0:
+                    briefly = min(briefly, max(1, round(settings.DS_DB_LOCK_TIMEOUT_SECS * 1000)))
                 return [
-                    await _alone(path, reqs, lock_wait_ms=BUSY_LOCK_WAIT_MS)
+                    await _alone(path, reqs, lock_wait_ms=briefly)
                     for (path, _), reqs in zip(batches, requests, strict=True)
                 ]
     return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]

@@ -64,6 +64,19 @@ _APPEND = prepared.Statement(
 )
 
 
+# _APPEND waiting at most $7 ms for the stream's lock: ds_lock_wait sets the lock timeout of the
+# statement's own transaction as its argument is evaluated, before ds_append runs. (A
+# transaction block around the two left the connection in error after a timeout, and the
+# prepared statements' runner gave up such a connection: review.)
+_APPEND_WAITING_AT_MOST = prepared.Statement(
+    "ds_append_waiting_at_most",
+    "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
+    " stream_id FROM ds_append(ds_lock_wait($1, $7), $2::jsonb, $3::int[], $4::int[], $5, $6)",
+    binary=[5],
+    columns=_APPEND_COLUMNS,
+)
+
+
 APPEND_STREAMS = prepared.Statement(
     "ds_append_streams",
     "SELECT ordinal, outcome, next_seq, next_pos, closed, producer_epoch, producer_seq,"
@@ -217,18 +230,8 @@ async def append_batch(
     if lock_wait_ms is None:
         rows = await _run(_APPEND, params)
     else:
-        rows = await _retried(params, lambda conn: _waiting_at_most(conn, params, lock_wait_ms))
+        rows = await _run(_APPEND_WAITING_AT_MOST, (*params, lock_wait_ms))
     return _append_results(requests, rows)
-
-
-async def _waiting_at_most(
-    conn: AsyncConnection[Any], params: tuple[Any, ...], lock_wait_ms: int
-) -> list[tuple[Any, ...]]:
-    """``_APPEND`` in a transaction of its own whose lock timeout is ``lock_wait_ms`` (set
-    locally: it ends with the transaction, whatever happens to it)."""
-    async with conn.transaction():
-        await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_wait_ms}ms",))
-        return await prepared.run(conn, _APPEND, params)
 
 
 async def append_batches(

@@ -49,6 +49,17 @@ LANGUAGE sql STABLE AS $$
             AND NOT coalesce(s.watched_until > now(), false))
 $$;
 
+-- p_value, once the lock timeout of the calling statement's transaction is p_ms milliseconds:
+-- an argument of a statement's function, so that it is set before that function runs
+-- (streams.store.writes, _APPEND_WAITING_AT_MOST).
+CREATE OR REPLACE FUNCTION ds_lock_wait(p_value text, p_ms int) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    RETURN p_value;
+END;
+$$;
+
 -- Tell live readers a stream is gone: "<id>:-1:d" (streams/live.py).
 CREATE OR REPLACE FUNCTION ds_notify_deleted(p_stream_id bigint) RETURNS void
 LANGUAGE sql AS $$
