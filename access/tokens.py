@@ -52,7 +52,7 @@ def verify(token: str) -> Principal:
         key = _signing_key(token)
         claims = jwt.decode(
             token,
-            key=key,
+            key=key.key,
             algorithms=settings.DS_AUTH_JWT_ALGORITHMS,
             audience=settings.DS_AUTH_JWT_AUDIENCE or None,
             issuer=settings.DS_AUTH_JWT_ISSUER or None,
@@ -74,7 +74,7 @@ def verify(token: str) -> Principal:
     return principal
 
 
-def _signing_key(token: str) -> Any:
+def _signing_key(token: str) -> jwt.PyJWK:
     global _jwks_client, _jwks_file
     if settings.DS_AUTH_JWT_JWKS_URL:
         with _lock:
@@ -82,7 +82,7 @@ def _signing_key(token: str) -> Any:
                 _jwks_client = jwt.PyJWKClient(
                     settings.DS_AUTH_JWT_JWKS_URL, cache_keys=True, lifespan=300, timeout=5
                 )
-        return _jwks_client.get_signing_key_from_jwt(token).key
+        return _fitting(_jwks_client.get_signing_key_from_jwt(token), token)
     path = Path(settings.DS_AUTH_JWT_JWKS_FILE)
     mtime = path.stat().st_mtime
     with _lock:
@@ -92,8 +92,22 @@ def _signing_key(token: str) -> Any:
     kid = jwt.get_unverified_header(token).get("kid")
     for candidate in keys.keys:
         if kid is None or candidate.key_id == kid:
-            return candidate.key
+            return _fitting(candidate, token)
     raise ValueError(f"no key {kid!r} in the JWKS")
+
+
+# The type of key (the JWK's kty) each family of algorithms verifies with.
+_KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP", "HS": "oct"}
+
+
+def _fitting(key: jwt.PyJWK, token: str) -> jwt.PyJWK:
+    """``key``, when the algorithm the token names can verify with it: PyJWT handed an ES256
+    token an RSA key and raised TypeError, a 500 with a traceback for anyone who sent one
+    (probe 10h)."""
+    alg = jwt.get_unverified_header(token).get("alg")
+    if not isinstance(alg, str) or _KEY_TYPES.get(alg[:2]) != key.key_type:
+        raise ValueError(f"the token's algorithm {alg!r} does not fit its key")
+    return key
 
 
 def _grants(claim: Any) -> tuple[Grant, ...]:

@@ -10,6 +10,8 @@ operation succeeds.
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import httpx
 import pytest
 from pycrdt import Doc, Text
 
-from tests.access.support import IdentityProvider, bearer, create_key, key_id
+from tests.access.support import KID, IdentityProvider, bearer, create_key, key_id
 from tests.conftest import ServerProcess, manage
 
 TEXT = {"Content-Type": "text/plain"}
@@ -71,6 +73,12 @@ def keys(database_url: str, servers: Any, idp: IdentityProvider) -> dict[str, di
     headers["jwt-reader"] = bearer(idp.token(["stream/acl/:read", "yjs/acl/:read"]))
     headers["jwt-expired"] = bearer(idp.token(list(FULL), expires_in=-10))
     headers["jwt-audience"] = bearer(idp.token(list(FULL), aud="someone-else"))
+    # An algorithm the key cannot verify with (ES256 on the RSA key), and a junk signature:
+    # PyJWT raised TypeError, a 500 for anyone on every surface (probe 10h).
+    signed = idp.token(list(FULL)).split(".")
+    foreign = {"alg": "ES256", "kid": KID, "typ": "JWT"}
+    header = base64.urlsafe_b64encode(json.dumps(foreign).encode()).rstrip(b"=").decode()
+    headers["jwt-wrong-key"] = bearer(f"{header}.{signed[1]}.AAAA")
     return headers
 
 
@@ -254,6 +262,7 @@ REFUSED = {
     "outside": 403,
     "jwt-expired": 401,
     "jwt-audience": 401,
+    "jwt-wrong-key": 401,
 }
 
 
