@@ -54,9 +54,10 @@ async def long_poll(request: Request) -> Response:
         start=_start(request),
         resource=request.resource,
     )
+    # Its key may have been revoked, or its credentials have expired, while it waited: 401
+    # then, with data or without (a 204 told a revoked key the tail: probe 10h).
+    await standing.require(_resource(request), Operation.READ)
     if result is not None:
-        # Its key may have been revoked, or its credentials have expired, while it waited.
-        await standing.require(_resource(request), Operation.READ)
         return render.data(meta, result, cursor=cursor)
     # A timeout, or closed at the reader's offset (then without a cursor: PROTOCOL.md 5.7).
     return render.at_tail(meta, 204, cursor=cursor)

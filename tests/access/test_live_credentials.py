@@ -119,6 +119,26 @@ def test_a_revoked_key_gets_nothing_more_on_live_reads_it_holds(
     _append_and_check(servers, path, admin, readers, "revoked")
 
 
+def test_a_long_poll_whose_key_is_revoked_while_it_waits_is_refused_at_its_end(
+    start_server: Any, database_url: str
+) -> None:
+    """A long-poll whose key was revoked while it waited, with nothing appended, answered 204
+    at its timeout, telling the revoked key the stream's tail and that it was up to date (probe
+    10h). It answers 401, as with data."""
+    server = start_server(env={"DS_AUTH__MODE": "keys", "DS_SERVER__LONG_POLL_TIMEOUT_SECS": "3"})
+    owner = bearer(create_key(database_url, "quiet-owner", "stream/live-quiet/:read,append,manage"))
+    path, tail = _new_stream(server, owner, "live-quiet")
+    key = create_key(database_url, "quiet-reader", "stream/live-quiet/:read")
+    reader = Reader(f"{server.stream_url(path)}?offset={tail}&live=long-poll", "long-poll",
+                    bearer(key))  # fmt: skip
+    reader.start()
+    time.sleep(0.5)  # waiting
+    with psycopg.connect(database_url, autocommit=True) as db:
+        db.execute("UPDATE ds_api_key SET revoked = true WHERE prefix = %s", (key_id(key),))
+    reader.join(20)
+    assert reader.status == 401 and "revoked" in reader.body, (reader.status, reader.body)
+
+
 def test_a_live_read_ends_when_its_signed_url_expires(
     servers: Any, admin: dict[str, str], database_url: str
 ) -> None:
