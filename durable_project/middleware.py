@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from psycopg_pool import PoolTimeout
 
@@ -114,3 +120,75 @@ class DatabaseErrorMiddleware:
                 headers=refusal.headers,
             )
         return None
+
+
+class SignInThrottleMiddleware:
+    """Sign-ins to the admin (whose login guards the console and API key management too),
+    bounded per process: at most ``DS_AUTH__SIGN_INS_AT_ONCE`` password checks at a time (one
+    more is answered 429 at once), and an address with ``DS_AUTH__SIGN_IN_FAILURES`` refused
+    sign-ins within ``DS_AUTH__SIGN_IN_WINDOW_SECS`` is answered 429 until the oldest of them
+    leaves the window. Nothing throttled them (probe 10h): one client guessed about seven
+    passwords a second, and 64 connections of guesses held the process's few database
+    connections (a check is about 250 ms of hashing), so the real admin's sign-in and other
+    users' pages waited seconds or failed 503. Only addresses are counted, never accounts, so
+    nobody can lock the admin out from elsewhere. It runs before sessions are loaded: a refusal
+    costs no database connection."""
+
+    # Addresses whose failures are remembered at most (the oldest forgotten first).
+    MAX_ADDRESSES = 10_000
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self._checking = threading.BoundedSemaphore(max(1, settings.DS_AUTH_SIGN_INS_AT_ONCE))
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method != "POST" or request.path != reverse("admin:login"):
+            return self.get_response(request)
+        address = request.META.get("REMOTE_ADDR") or ""
+        wait = self._barred_for(address)
+        if wait > 0:
+            return _too_many("too many refused sign-ins from this address", wait)
+        if not self._checking.acquire(blocking=False):
+            return _too_many("too many sign-ins at once; retry", 1)
+        try:
+            response = self.get_response(request)
+        finally:
+            self._checking.release()
+        if response.status_code == 200:  # the form again: refused
+            self._refused(address)
+        return response
+
+    def _barred_for(self, address: str) -> float:
+        """Seconds until ``address`` may try again (0: now)."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(address)
+            if failures is None:
+                return 0.0
+            while failures and failures[0] <= now - settings.DS_AUTH_SIGN_IN_WINDOW_SECS:
+                failures.popleft()
+            if not failures:
+                del self._failures[address]
+                return 0.0
+            if len(failures) < settings.DS_AUTH_SIGN_IN_FAILURES:
+                return 0.0
+            return failures[0] + settings.DS_AUTH_SIGN_IN_WINDOW_SECS - now
+
+    def _refused(self, address: str) -> None:
+        with self._lock:
+            failures = self._failures.pop(address, None) or deque()
+            failures.append(time.monotonic())
+            while len(failures) > settings.DS_AUTH_SIGN_IN_FAILURES:
+                failures.popleft()
+            self._failures[address] = failures
+            while len(self._failures) > self.MAX_ADDRESSES:
+                self._failures.popitem(last=False)
+
+
+def _too_many(message: str, wait: float) -> HttpResponse:
+    response = HttpResponse(f"{message}\n", status=429, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = str(max(1, math.ceil(wait)))
+    response["Cache-Control"] = "no-store"
+    return response

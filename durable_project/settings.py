@@ -118,6 +118,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "durable_project.middleware.ApiHeadersMiddleware",
     "durable_project.middleware.DatabaseErrorMiddleware",
+    "durable_project.middleware.SignInThrottleMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -413,6 +414,11 @@ if DS_CACHE_SCOPE not in ("public", "private"):
 # Signs read URLs (access.signing); the secret key when unset.
 DS_AUTH_SIGNING_KEY = env.str("DS_AUTH__SIGNING_KEY", default="")
 # Signed URLs may be valid for at most this long.
+# Sign-ins to the admin (durable_project.middleware.SignInThrottleMiddleware): password checks
+# at once per process, and refused sign-ins an address may make within the window (seconds).
+DS_AUTH_SIGN_INS_AT_ONCE = _int("DS_AUTH__SIGN_INS_AT_ONCE", default=2, least=1)
+DS_AUTH_SIGN_IN_FAILURES = _int("DS_AUTH__SIGN_IN_FAILURES", default=10, least=1)
+DS_AUTH_SIGN_IN_WINDOW_SECS = _float("DS_AUTH__SIGN_IN_WINDOW_SECS", default=300.0, least=0)
 DS_AUTH_SIGNED_URL_MAX_SECS = _int("DS_AUTH__SIGNED_URL_MAX_SECS", default=7 * 24 * 3600, least=1)
 # Keys a process has not cached are looked up one by one, up to this many a second (a token
 # bucket); past it, an id not on the process's list of every key id is refused without a
