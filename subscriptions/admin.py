@@ -151,6 +151,23 @@ class SubscriptionAdmin(ReadOnlyAdmin):
     @admin.action(description="Resume", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Subscription]) -> None:
         self._each(request, queryset, "SELECT ds_sub_pause(%s, %s)", "resumed", False)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM ds_subscription"
+                " WHERE id = ANY(%s) AND ds_sub_creator_lost(created_by)",
+                [list(queryset.values_list("id", flat=True))],
+            )
+            (orphans,) = cursor.fetchone()
+        if orphans:
+            # Paused again at their next wake (ds_sub_orphaned): saying "resumed" alone misled
+            # (review).
+            self.message_user(
+                request,
+                f"{orphans} of them were made with an API key that is revoked, expired or"
+                " deleted: they pause again at their next wake. The application takes one over"
+                " by PUTting its configuration again with a key that stands.",
+                messages.WARNING,
+            )
 
     @admin.action(
         description="Retry now (the webhook retry is due at once)", permissions=["change"]

@@ -264,6 +264,9 @@ DECLARE
 BEGIN
     SELECT id, config_hash INTO v_sid, v_hash FROM ds_subscription WHERE subscription_id = p_id;
     IF FOUND THEN
+        IF v_hash = p_hash THEN
+            PERFORM ds_sub_adopt(v_sid, p_created_by);
+        END IF;
         RETURN CASE WHEN v_hash = p_hash THEN 'exists' ELSE 'conflict' END::ds_sub_outcome;
     END IF;
     IF p_wake_stream = ANY (p_streams) THEN
@@ -406,6 +409,35 @@ BEGIN
 END;
 $$;
 
+-- Whether a subscription made by p_created_by lost its creator (a key revoked, expired or
+-- deleted: ds_sub_orphaned).
+CREATE OR REPLACE FUNCTION ds_sub_creator_lost(p_created_by text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_created_by IS NOT NULL AND split_part(p_created_by, ':', 1) IN ('key', 'signed-url')
+       AND NOT EXISTS (SELECT 1 FROM ds_api_key AS k
+                        WHERE k.prefix = split_part(p_created_by, ':', 2) AND NOT k.revoked
+                          AND (k.expiry_date IS NULL OR k.expiry_date > now()))
+$$;
+
+-- The same configuration PUT again (6.2: 200) by p_created_by, who stands, for a subscription
+-- paused because its creator lost standing (ds_sub_orphaned): it is theirs now, and resumes.
+-- (A PUT answered 200 and left it paused for good: review.) A pause of an operator's stays.
+CREATE OR REPLACE FUNCTION ds_sub_adopt(p_sid bigint, p_created_by text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_created_by IS NULL OR ds_sub_creator_lost(p_created_by) THEN
+        RETURN;
+    END IF;
+    UPDATE ds_subscription
+       SET created_by = p_created_by, paused = false
+     WHERE id = p_sid AND paused AND last_error LIKE 'paused: the API key that created it%'
+       AND ds_sub_creator_lost(created_by);
+    IF FOUND THEN
+        PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
+    END IF;
+END;
+$$;
+
 -- Whether the subscription s (its row locked by the caller) lost its creator: one made with an
 -- API key wakes nobody once the key is revoked, has expired or was deleted (its webhooks went
 -- on naming the streams that changed to whoever holds the URL: a review's finding). It is
@@ -414,10 +446,7 @@ $$;
 CREATE OR REPLACE FUNCTION ds_sub_orphaned(s ds_subscription) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF s.created_by IS NULL OR split_part(s.created_by, ':', 1) NOT IN ('key', 'signed-url')
-       OR EXISTS (SELECT 1 FROM ds_api_key AS k
-                   WHERE k.prefix = split_part(s.created_by, ':', 2) AND NOT k.revoked
-                     AND (k.expiry_date IS NULL OR k.expiry_date > now())) THEN
+    IF NOT ds_sub_creator_lost(s.created_by) THEN
         RETURN false;
     END IF;
     UPDATE ds_subscription

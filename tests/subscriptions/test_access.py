@@ -182,5 +182,15 @@ def test_a_revoked_keys_subscriptions_wake_nobody(
                           json={"worker": "w1"}, headers=writer)  # fmt: skip
         assert claim.status_code == 409 and "PAUSED" in claim.text, claim.text
         assert len(receiver.received) == 1  # the wake before the revocation, and no other
+
+        # The application takes it over with a key that stands: the same configuration PUT
+        # again (200) resumes it, and the append made meanwhile is woken (review: it stayed
+        # paused for good).
+        heir = bearer(create_key(database_url, "sub-heir", f"{SUBS}revoked-:read,append,manage",
+                                 "stream/acl-revoke/:read,append,manage"))  # fmt: skip
+        again = http.put(f"{CONTROL}/subscriptions/{hooked}", json=configs[hooked], headers=heir)
+        assert again.status_code == 200, again.text
+        woken = receiver.wait(2)[1]
+        assert woken.subscription_id == hooked
     finally:
         receiver.close()
