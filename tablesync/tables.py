@@ -20,6 +20,12 @@ from streams.errors import BadRequest, NotFound
 # The server's own tables are never published or sunk into (publishing ds_message would append
 # to itself).
 RESERVED_PREFIX = "ds_"
+# Django's tables of sessions, users and their rights: never published nor sunk into (a session
+# key read from a stream signs its reader in as that user; a row sunk into auth_user makes one).
+CREDENTIAL_TABLES = frozenset({
+    "django_session", "auth_user", "auth_user_groups", "auth_user_user_permissions",
+    "auth_group_permissions", "auth_permission",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,11 @@ def table_by_oid(oid: int, name: str | None = None) -> Table:
             raise BadRequest(f"{qualified} is not a table")
         if schema in ("pg_catalog", "information_schema") or relname.startswith(RESERVED_PREFIX):
             raise BadRequest(f"{qualified} is one of the server's or PostgreSQL's own tables")
+        if relname in CREDENTIAL_TABLES:
+            raise BadRequest(
+                f"{qualified} holds the admin's credentials or rights: published, its stream"
+                " would show them to its readers; sunk into, its writers would grant them"
+            )
         cursor.execute(
             "SELECT a.attname FROM pg_index AS i"
             " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)"

@@ -384,6 +384,9 @@ def test_publish_refuses_what_it_cannot_publish(
         ((keyless, "--stream", "x/3"), "no primary key"),
         ((table, "--stream", "x/4", "--columns", "v,nope"), "no column"),
         (("ds_message", "--stream", "x/5"), "own tables"),
+        # A session key read from the stream signs its reader in (review of probe 10h).
+        (("django_session", "--stream", "x/6"), "credentials"),
+        (("auth.User", "--stream", "x/7"), "credentials"),
         ((table, "--stream", text_path), "not application/json"),
         ((table, "--stream", "__registry__"), "written by the server"),
         ((table, "--stream", "__ds/x"), "reserved"),

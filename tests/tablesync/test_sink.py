@@ -453,6 +453,7 @@ def test_sink_refuses_what_it_cannot_apply(
         ((path, "--table", table, "--map", "label", "--map", "label"), "mapped twice"),
         ((path, "--table", table, "--map", "label", "--create"), "already exists"),
         ((path, "--table", "ds_message", "--map", "data"), "own tables"),
+        ((path, "--table", "auth_user", "--map", "username"), "credentials"),
         ((path, "--table", table, "--map", "label", "--offset-column", "label"), "must differ"),
         ((path, "--table", table, "--map", "label", "--key", "id"), "upsert"),
     ]  # fmt: skip
