@@ -56,6 +56,7 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
         rid = _request_id(scope)
         token = request_id.set(rid)
         rid_header = (b"x-request-id", rid.encode())
+        hsts = _hsts_header(scope)
         status = 0
         answered = 0.0  # when the answer began (time.time()); 0 until then
         started = time.perf_counter()
@@ -65,7 +66,10 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 answered = time.time()
-                message = message | {"headers": [*message.get("headers", ()), rid_header]}
+                headers = [*message.get("headers", ()), rid_header]
+                if hsts is not None and all(name.lower() != hsts[0] for name, _ in headers):
+                    headers.append(hsts)
+                message = message | {"headers": headers}
                 try:
                     await send(message)
                 except Exception:
@@ -92,6 +96,16 @@ def observed(app: ASGIApp, route: str | Callable[[str], str]) -> ASGIApp:
             request_id.reset(token)
 
     return application
+
+
+def _hsts_header(scope: Scope) -> tuple[bytes, bytes] | None:
+    """Strict-Transport-Security for an answer over HTTPS (as uvicorn's proxy headers tell)
+    when ``DJANGO_HSTS_SECONDS`` asks for it: Django's pages had it, the protocol endpoints,
+    where keys and signed URLs travel, did not (probe 10h)."""
+    seconds = settings.SECURE_HSTS_SECONDS
+    if not seconds or scope.get("scheme") != "https":
+        return None
+    return b"strict-transport-security", f"max-age={seconds}".encode()
 
 
 # What a request line says: request id, method, path, status, route family, duration (s), and

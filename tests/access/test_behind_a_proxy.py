@@ -195,3 +195,20 @@ def test_the_admin_cookies_are_kept_to_https(server: ServerProcess, database_url
         cookie = login.headers["Set-Cookie"]
         assert cookie.startswith("csrftoken=") and "Secure" in cookie
         assert login.headers["Strict-Transport-Security"] == "max-age=600"
+
+
+def test_every_answer_over_https_carries_hsts(
+    server: ServerProcess, tenant: dict[str, str]
+) -> None:
+    """Django's pages carried HSTS over HTTPS; the protocol endpoints, where keys and signed
+    URLs travel, and the probes did not (probe 10h). Every answer over HTTPS does, once; none
+    over plain HTTP."""
+    path = _stream_of_three(server, tenant)
+    base = server.base_url
+    urls = (server.stream_url(path), f"{base}/healthz", f"{base}/v1/streams",
+            f"{base}/v1/yjs/tenant-a/doc", f"{base}/admin/login/")  # fmt: skip
+    for url in urls:
+        over_https = httpx.get(url, headers=tenant | {"X-Forwarded-Proto": "https"})
+        hsts = over_https.headers.get_list("Strict-Transport-Security")
+        assert hsts == ["max-age=600"], (url, over_https.status_code, hsts)
+        assert "Strict-Transport-Security" not in httpx.get(url, headers=tenant).headers, url
