@@ -88,18 +88,23 @@ def manage(
 ADMIN_PASSWORD = "correct-horse-battery-staple"
 
 
-@contextlib.contextmanager
-def admin_session(
-    base_url: str, database_url: str, username: str, timeout: float = 30
-) -> Iterator[httpx.Client]:
-    """A new superuser ``username``, logged in through the admin's form; the client follows
-    redirects."""
+def create_superuser(database_url: str, username: str) -> None:
+    """A new superuser ``username`` whose password is ADMIN_PASSWORD."""
     created = manage(
         database_url, "createsuperuser", "--noinput", "--username", username,
         "--email", "admin@example.com",
         env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=ADMIN_PASSWORD),
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
+
+
+@contextlib.contextmanager
+def admin_session(
+    base_url: str, database_url: str, username: str, timeout: float = 30
+) -> Iterator[httpx.Client]:
+    """A new superuser ``username``, logged in through the admin's form; the client follows
+    redirects."""
+    create_superuser(database_url, username)
     with httpx.Client(base_url=base_url, timeout=timeout, follow_redirects=True) as client:
         login_page = client.get("/admin/login/")
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text)

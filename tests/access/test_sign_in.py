@@ -11,17 +11,12 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import ADMIN_PASSWORD, command_env, manage
+from tests.conftest import ADMIN_PASSWORD, create_superuser
 
 
 def _superuser(database_url: str) -> str:
     username = f"signin{time.time_ns()}"
-    created = manage(
-        database_url, "createsuperuser", "--noinput", "--username", username,
-        "--email", "admin@example.com",
-        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=ADMIN_PASSWORD),
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
+    create_superuser(database_url, username)
     return username
 
 

@@ -24,7 +24,7 @@ import pytest
 from psycopg.types.json import Jsonb
 from pycrdt import Doc, Text
 
-from tests.conftest import command_env, manage
+from tests.conftest import admin_session, command_env, manage
 from tests.yjs.support import (
     COMPACTION_THRESHOLD,
     OCTET,
@@ -740,22 +740,7 @@ def test_command_all_goes_on_after_a_document_that_cannot_be_compacted(
 @pytest.fixture(scope="module")
 def admin(compacting: Any, database_url: str) -> Iterator[httpx.Client]:
     """A client logged in to the compacting server's Django admin as a new superuser."""
-    username, password = unique("admin"), unique("password")
-    created = manage(
-        database_url, "createsuperuser", "--noinput", "--username", username,
-        "--email", "admin@example.com",
-        env=command_env(database_url, DJANGO_SUPERUSER_PASSWORD=password),
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    with httpx.Client(base_url=compacting.base_url, timeout=30, follow_redirects=True) as client:
-        login = client.get("/admin/login/")
-        response = client.post(
-            "/admin/login/?next=/admin/",
-            data={"csrfmiddlewaretoken": csrf_token(login), "username": username,
-                  "password": password},
-            headers={"Referer": f"{compacting.base_url}/admin/login/"},
-        )  # fmt: skip
-        assert response.status_code == 200 and "Log out" in response.text, response.text[-2000:]
+    with admin_session(compacting.base_url, database_url, unique("admin")) as client:
         yield client
 
 
