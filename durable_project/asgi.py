@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import traceback
 
 from django.core.asgi import get_asgi_application
 from django.core.exceptions import ImproperlyConfigured
@@ -27,10 +28,13 @@ try:
     share_metrics_directory()
     tune_malloc()
     django_asgi_app = get_asgi_application()
-except ImproperlyConfigured as exc:
-    # A setting the server cannot run with. Exit status 3 is uvicorn's STARTUP_FAILURE: its
-    # supervisor stops, where any other status made it start the next worker, to fail the
-    # same way, again and again (probe 10f: 32 workers in 22 s, port bound, nothing served).
+except Exception as exc:  # noqa: BLE001 - every failure here is one of starting
+    # A setting the server cannot run with (or anything else that fails every worker the same
+    # way as it loads). Exit status 3 is uvicorn's STARTUP_FAILURE: its supervisor stops,
+    # where any other status made it start the next worker, to fail the same way, again and
+    # again (probe 10f: 32 workers in 22 s, port bound, nothing served).
+    if not isinstance(exc, ImproperlyConfigured):
+        traceback.print_exc()
     sys.stderr.write(f"refusing to start: {exc}\n")
     sys.exit(3)
 

@@ -67,9 +67,13 @@ def tune_malloc() -> bool:
     with the heap keeping them, 20 -> 13-15 ms of CPU per read (docs/benchmarks.md). The cost
     is memory kept: up to twice the threshold, free, at the top of a worker's heap. Nothing is
     done where there is no glibc. Returns whether it was done."""
-    threshold = int(
-        os.environ.get("DS_SERVER__MALLOC_MMAP_THRESHOLD_BYTES", MMAP_THRESHOLD_BYTES) or 0
-    )
+    raw = os.environ.get("DS_SERVER__MALLOC_MMAP_THRESHOLD_BYTES", MMAP_THRESHOLD_BYTES) or 0
+    try:
+        threshold = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"DS_SERVER__MALLOC_MMAP_THRESHOLD_BYTES must be an integer, not {raw!r}"
+        ) from None
     if threshold <= 0:
         return False
     name = ctypes.util.find_library("c")

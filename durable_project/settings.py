@@ -28,7 +28,13 @@ if ENV_FILE.is_file():
     environ.Env.read_env(ENV_FILE)
 
 
-def _int(name: str, default: int | None, *, least: int) -> Any:
+# The largest value a number setting may take: what a PostgreSQL bigint holds with room for
+# sums (an integer), about 31 years (seconds); less where a setting becomes a PostgreSQL int.
+MOST_INT = 2**62
+MOST_SECS = 1e9
+
+
+def _int(name: str, default: int | None, *, least: int, most: int = MOST_INT) -> Any:
     """The integer setting ``name`` (``default`` when unset), ``least`` or more: anything else
     refuses to start, naming the setting (a wrong type or value met only at the first request
     that used it was a 500, a spin or a hang there: probe 10f)."""
@@ -40,11 +46,18 @@ def _int(name: str, default: int | None, *, least: int) -> Any:
         ) from None
     if value is not None and value < least:
         raise ImproperlyConfigured(f"{name} must be {least} or more, not {value}")
+    if value is not None and value > most:
+        raise ImproperlyConfigured(f"{name} must be {most} or less, not {value}")
     return value
 
 
 def _float(
-    name: str, default: float, *, least: float | None = None, above: float | None = None
+    name: str,
+    default: float,
+    *,
+    least: float | None = None,
+    above: float | None = None,
+    most: float = MOST_SECS,
 ) -> float:
     """The number setting ``name`` (``default`` when unset): finite, ``least`` or more, or
     more than ``above``; anything else refuses to start, naming the setting (as ``_int``)."""
@@ -59,6 +72,8 @@ def _float(
         raise ImproperlyConfigured(f"{name} must be {least} or more, not {value}")
     if above is not None and value <= above:
         raise ImproperlyConfigured(f"{name} must be more than {above}, not {value}")
+    if value > most:
+        raise ImproperlyConfigured(f"{name} must be {most:g} or less, not {value}")
     return float(value)
 
 
@@ -289,7 +304,7 @@ DS_MAX_STREAM_BYTES = _int("DS_LIMITS__MAX_STREAM_BYTES", default=1024**3, least
 DS_MAX_REQUEST_BYTES = _int("DS_LIMITS__MAX_REQUEST_BYTES", default=64 * 1024**2, least=1)
 # How many forks deep a chain may go (a fork of a fork of ... ): every read and HEAD of a fork
 # walks its chain, so its depth is what each costs (400 past it; ds_max_fork_depth).
-DS_MAX_FORK_DEPTH = _int("DS_LIMITS__MAX_FORK_DEPTH", default=100, least=1)
+DS_MAX_FORK_DEPTH = _int("DS_LIMITS__MAX_FORK_DEPTH", default=100, least=1, most=2**31 - 1)
 # A JSON append (or a create's initial body) may hold at most this many messages (413).
 DS_MAX_APPEND_MESSAGES = _int("DS_LIMITS__MAX_APPEND_MESSAGES", default=100_000, least=1)
 # A request body's next part must arrive within this many seconds (408 otherwise).
@@ -315,7 +330,9 @@ DS_READ_HELD_ANSWERS_BYTES = _int("DS_READ__HELD_ANSWERS_BYTES", default=256 * 1
 # request answers 503 with Retry-After: a table or row locked by someone else (a long
 # transaction, an operator's LOCK, DDL) otherwise held every request that met it, and its pooled
 # connection, for as long as the lock lasted. 0: wait without limit.
-DS_DB_LOCK_TIMEOUT_SECS = _float("DS_DB__LOCK_TIMEOUT_SECS", default=15.0, least=0)
+DS_DB_LOCK_TIMEOUT_SECS = _float(
+    "DS_DB__LOCK_TIMEOUT_SECS", default=15.0, least=0, most=(2**31 - 1) / 1000
+)
 # The session settings (libpq ``options``) of every connection the server and its commands make,
 # the protocol endpoints' pool (streams.store.pool) and Django's alike: how deep forks may go
 # (ds_max_fork_depth) and the lock timeout above. Django's connections had neither: a catalog
@@ -430,6 +447,8 @@ DS_AUTH_UNKNOWN_KEY_SECS = _float("DS_AUTH__UNKNOWN_KEY_SECS", default=1.0, abov
 # audience they must carry, the algorithms accepted and the claim holding their grants.
 DS_AUTH_JWT_JWKS_URL = env.str("DS_AUTH__JWT_JWKS_URL", default="")
 DS_AUTH_JWT_JWKS_FILE = env.str("DS_AUTH__JWT_JWKS_FILE", default="")
+if DS_AUTH_JWT_JWKS_FILE and not Path(DS_AUTH_JWT_JWKS_FILE).is_file():
+    raise ImproperlyConfigured(f"DS_AUTH__JWT_JWKS_FILE {DS_AUTH_JWT_JWKS_FILE!r} is no file")
 DS_AUTH_JWT_ISSUER = env.str("DS_AUTH__JWT_ISSUER", default="")
 DS_AUTH_JWT_AUDIENCE = env.str("DS_AUTH__JWT_AUDIENCE", default="")
 DS_AUTH_JWT_ALGORITHMS = env.list("DS_AUTH__JWT_ALGORITHMS", default=["RS256", "ES256", "EdDSA"])
@@ -494,7 +513,12 @@ YJS_CHECK_SECS_PER_MIB = _float("YJS_CHECK_SECS_PER_MIB", default=1.0, least=0)
 YJS_INLINE_DOCUMENT_BYTES = _int("YJS_INLINE_DOCUMENT_BYTES", default=32 * 1024, least=0)
 # Optional per-service secrets ("service=secret,other=secret2"): requests to such a service
 # need `Authorization: Bearer <secret>` (401 UNAUTHORIZED otherwise).
-YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})
+try:
+    YJS_SERVICE_SECRETS = env.dict("YJS_SERVICE_SECRETS", default={})
+except ValueError:
+    raise ImproperlyConfigured(
+        "YJS_SERVICE_SECRETS must read service=secret,other=secret2"
+    ) from None
 
 # --- REST API (Django REST framework + drf-spectacular) ------------------------------------
 

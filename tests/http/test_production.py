@@ -68,6 +68,13 @@ def test_without_debug_the_development_secret_key_is_refused(database_url: str) 
         ("DS_LIMITS__MAX_REQUEST_BYTES", "-1"),
         ("DS_LOG__FORMAT", "xml"),
         ("DS_METRICS__DIR", "/proc/nonexistent"),
+        # Review: failures other than Django's own started workers for ever too, and numbers
+        # past what PostgreSQL holds failed every request.
+        ("DS_SERVER__MALLOC_MMAP_THRESHOLD_BYTES", "32MiB"),
+        ("YJS_SERVICE_SECRETS", "abc"),
+        ("DS_DB__LOCK_TIMEOUT_SECS", "2500000"),
+        ("DS_LIMITS__MAX_STREAM_BYTES", "99999999999999999999"),
+        ("DS_AUTH__JWT_JWKS_FILE", "/nonexistent/jwks.json"),
     ],
 )
 def test_a_setting_the_server_cannot_run_with_stops_it(
