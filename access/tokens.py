@@ -9,7 +9,9 @@ objects. The principal is ``jwt:<sub>``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,8 @@ from django.conf import settings
 
 from access.grants import Grant, Operation, Principal, normalize_prefix
 from streams.errors import Unauthorized
+
+logger = logging.getLogger(__name__)
 
 # Verified tokens, until they expire (bounded: cleared when full).
 _verified: dict[str, tuple[Principal, float]] = {}
@@ -84,16 +88,27 @@ def _signing_key(token: str) -> jwt.PyJWK:
                 )
         return _fitting(_jwks_client.get_signing_key_from_jwt(token), token)
     path = Path(settings.DS_AUTH_JWT_JWKS_FILE)
-    mtime = path.stat().st_mtime
-    with _lock:
-        if _jwks_file is None or _jwks_file[0] != mtime:
-            _jwks_file = (mtime, jwt.PyJWKSet.from_dict(json.loads(path.read_text())))
-        keys = _jwks_file[1]
+    try:
+        mtime = path.stat().st_mtime
+        with _lock:
+            if _jwks_file is None or _jwks_file[0] != mtime:
+                _jwks_file = (mtime, jwt.PyJWKSet.from_dict(json.loads(path.read_text())))
+            keys = _jwks_file[1]
+    except (OSError, json.JSONDecodeError) as exc:
+        # Replaced, or removed, meanwhile: no token can be verified now (it was a 500 for
+        # anyone: review).
+        logger.warning("the JWKS file %s cannot be read: %s", path, exc)
+        raise ValueError("the identity provider's keys cannot be read") from None
     kid = jwt.get_unverified_header(token).get("kid")
-    for candidate in keys.keys:
-        if kid is None or candidate.key_id == kid:
+    named = [key for key in keys.keys if kid is None or key.key_id == kid]
+    if not named:
+        raise ValueError(f"no key {kid!r} in the JWKS")
+    # Without a kid, the first key the token's algorithm can verify with (review: only the
+    # first key of all was tried).
+    for candidate in named:
+        with contextlib.suppress(ValueError):
             return _fitting(candidate, token)
-    raise ValueError(f"no key {kid!r} in the JWKS")
+    return _fitting(named[0], token)
 
 
 # The type of key (the JWK's kty) each family of algorithms verifies with.
