@@ -101,7 +101,8 @@ async def serve(
             # its outcome is unknown, and uvicorn says so.
             if sender.started or not lifecycle.shutting_down:
                 raise
-            if not receive.pending and method not in ("GET", "HEAD"):
+            unread = receive.pending and method in ("POST", "PUT")  # they read it first
+            if not (unread or method in ("GET", "HEAD")):
                 raise
             response = render_error(lifecycle.STOPPING)
         except ProtocolError as error:

@@ -429,7 +429,8 @@ BEGIN
         RETURN;
     END IF;
     UPDATE ds_subscription
-       SET created_by = p_created_by, paused = false
+       SET created_by = p_created_by, paused = false, last_error = '',
+           last_error_at = NULL
      WHERE id = p_sid AND paused AND last_error LIKE 'paused: the API key that created it%'
        AND ds_sub_creator_lost(created_by);
     IF FOUND THEN
@@ -887,7 +888,13 @@ $$;
 CREATE OR REPLACE FUNCTION ds_sub_pause(p_sid bigint, p_paused boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE ds_subscription SET paused = p_paused WHERE id = p_sid;
+    -- An operator's pause is theirs from now on, whoever paused it before: a PUT that takes
+    -- over a subscription whose key lost standing (ds_sub_adopt) does not lift it (review).
+    UPDATE ds_subscription
+       SET paused = p_paused,
+           last_error = CASE WHEN p_paused AND last_error LIKE 'paused: the API key%'
+                             THEN 'paused by an operator' ELSE last_error END
+     WHERE id = p_sid;
     IF NOT p_paused THEN
         PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
     END IF;

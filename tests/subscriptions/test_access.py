@@ -192,5 +192,15 @@ def test_a_revoked_keys_subscriptions_wake_nobody(
         assert again.status_code == 200, again.text
         woken = receiver.wait(2)[1]
         assert woken.subscription_id == hooked
+        # An operator's pause stays, taken over or not (review: the PUT lifted it).
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("SELECT ds_sub_pause(id, true) FROM ds_subscription"
+                         " WHERE subscription_id = %s", (pulled,))  # fmt: skip
+            again = http.put(f"{CONTROL}/subscriptions/{pulled}", json=configs[pulled],
+                             headers=heir)  # fmt: skip
+            assert again.status_code == 200, again.text
+            paused = conn.execute("SELECT paused FROM ds_subscription WHERE subscription_id = %s",
+                                  (pulled,)).fetchone()  # fmt: skip
+            assert paused == (True,)
     finally:
         receiver.close()
