@@ -229,7 +229,9 @@ def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-_LOG_LEVEL = _choice("DS_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+_LOG_LEVEL = _choice(
+    "DS_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
