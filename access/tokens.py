@@ -9,7 +9,6 @@ objects. The principal is ``jwt:<sub>``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -79,50 +78,44 @@ def verify(token: str) -> Principal:
 
 
 def _signing_key(token: str) -> jwt.PyJWK:
+    """The key of the identity provider's that verifies ``token``: the one its ``kid`` names
+    (without one, the first), of a type its algorithm can verify with. PyJWT handed an ES256
+    token an RSA key and raised TypeError, a 500 for anyone who sent one (probe 10h); of keys
+    without a kid only the first was tried (review)."""
     global _jwks_client, _jwks_file
+    header = jwt.get_unverified_header(token)
+    kid, alg = header.get("kid"), header.get("alg")
     if settings.DS_AUTH_JWT_JWKS_URL:
         with _lock:
             if _jwks_client is None:
                 _jwks_client = jwt.PyJWKClient(
                     settings.DS_AUTH_JWT_JWKS_URL, cache_keys=True, lifespan=300, timeout=5
                 )
-        return _fitting(_jwks_client.get_signing_key_from_jwt(token), token)
-    path = Path(settings.DS_AUTH_JWT_JWKS_FILE)
-    try:
-        mtime = path.stat().st_mtime
-        with _lock:
-            if _jwks_file is None or _jwks_file[0] != mtime:
-                _jwks_file = (mtime, jwt.PyJWKSet.from_dict(json.loads(path.read_text())))
-            keys = _jwks_file[1]
-    except (OSError, json.JSONDecodeError) as exc:
-        # Replaced, or removed, meanwhile: no token can be verified now (it was a 500 for
-        # anyone: review).
-        logger.warning("the JWKS file %s cannot be read: %s", path, exc)
-        raise ValueError("the identity provider's keys cannot be read") from None
-    kid = jwt.get_unverified_header(token).get("kid")
-    named = [key for key in keys.keys if kid is None or key.key_id == kid]
-    if not named:
-        raise ValueError(f"no key {kid!r} in the JWKS")
-    # Without a kid, the first key the token's algorithm can verify with (review: only the
-    # first key of all was tried).
-    for candidate in named:
-        with contextlib.suppress(ValueError):
-            return _fitting(candidate, token)
-    return _fitting(named[0], token)
+        named = [_jwks_client.get_signing_key_from_jwt(token)]
+    else:
+        path = Path(settings.DS_AUTH_JWT_JWKS_FILE)
+        try:
+            mtime = path.stat().st_mtime
+            with _lock:
+                if _jwks_file is None or _jwks_file[0] != mtime:
+                    _jwks_file = (mtime, jwt.PyJWKSet.from_dict(json.loads(path.read_text())))
+                keys = _jwks_file[1]
+        except (OSError, json.JSONDecodeError) as exc:
+            # Replaced, or removed, meanwhile: no token can be verified now (it was a 500 for
+            # anyone: review).
+            logger.warning("the JWKS file %s cannot be read: %s", path, exc)
+            raise ValueError("the identity provider's keys cannot be read") from None
+        named = [key for key in keys.keys if kid is None or key.key_id == kid]
+        if not named:
+            raise ValueError(f"no key {kid!r} in the JWKS")
+    for key in named:
+        if isinstance(alg, str) and _KEY_TYPES.get(alg[:2]) == key.key_type:
+            return key
+    raise ValueError(f"the token's algorithm {alg!r} does not fit its key")
 
 
 # The type of key (the JWK's kty) each family of algorithms verifies with.
 _KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP", "HS": "oct"}
-
-
-def _fitting(key: jwt.PyJWK, token: str) -> jwt.PyJWK:
-    """``key``, when the algorithm the token names can verify with it: PyJWT handed an ES256
-    token an RSA key and raised TypeError, a 500 with a traceback for anyone who sent one
-    (probe 10h)."""
-    alg = jwt.get_unverified_header(token).get("alg")
-    if not isinstance(alg, str) or _KEY_TYPES.get(alg[:2]) != key.key_type:
-        raise ValueError(f"the token's algorithm {alg!r} does not fit its key")
-    return key
 
 
 def _grants(claim: Any) -> tuple[Grant, ...]:

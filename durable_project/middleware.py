@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -144,7 +145,7 @@ class SignInThrottleMiddleware:
         self._lock = threading.Lock()
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method != "POST" or request.path != reverse("admin:login"):
+        if request.method != "POST" or request.path != self._login_path:
             return self.get_response(request)
         address = request.META.get("REMOTE_ADDR") or ""
         wait = self._barred_for(address)
@@ -159,6 +160,10 @@ class SignInThrottleMiddleware:
         if response.status_code == 200:  # the form again: refused
             self._refused(address)
         return response
+
+    @functools.cached_property
+    def _login_path(self) -> str:
+        return reverse("admin:login")
 
     def _barred_for(self, address: str) -> float:
         """Seconds until ``address`` may try again (0: now)."""

@@ -340,9 +340,9 @@ DS_DB_LOCK_TIMEOUT_SECS = _float(
 # (ds_max_fork_depth) and the lock timeout above. Django's connections had neither: a catalog
 # read that met a locked table waited for as long as the lock lasted. A command (``migrate``
 # included) fails past the lock timeout too, rather than queue every request behind its lock.
-_lock_timeout_ms = round(DS_DB_LOCK_TIMEOUT_SECS * 1000)
+DS_DB_LOCK_TIMEOUT_MS = round(DS_DB_LOCK_TIMEOUT_SECS * 1000)
 DS_DB_SESSION_OPTIONS = f"-c ds.max_fork_depth={DS_MAX_FORK_DEPTH}" + (
-    f" -c lock_timeout={_lock_timeout_ms}" if _lock_timeout_ms > 0 else ""
+    f" -c lock_timeout={DS_DB_LOCK_TIMEOUT_MS}" if DS_DB_LOCK_TIMEOUT_MS > 0 else ""
 )
 _django_options = DATABASES["default"]["OPTIONS"]
 _django_options["options"] = " ".join(

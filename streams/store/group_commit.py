@@ -280,8 +280,8 @@ async def _outcomes(batches: list[Batch]) -> list[tuple[list[Result], ServiceUna
                 # behind the held one are not held as long again (probe 10e: another stream's
                 # append waited 40 s behind one row a session held).
                 briefly = BUSY_LOCK_WAIT_MS
-                if settings.DS_DB_LOCK_TIMEOUT_SECS > 0:
-                    briefly = min(briefly, max(1, round(settings.DS_DB_LOCK_TIMEOUT_SECS * 1000)))
+                if settings.DS_DB_LOCK_TIMEOUT_MS > 0:  # 0: no timeout
+                    briefly = min(briefly, settings.DS_DB_LOCK_TIMEOUT_MS)
                 return [
                     await _alone(path, reqs, lock_wait_ms=briefly)
                     for (path, _), reqs in zip(batches, requests, strict=True)

@@ -409,6 +409,13 @@ BEGIN
 END;
 $$;
 
+-- Why a subscription is paused when its creator lost standing (ds_sub_orphaned): its
+-- last_error, which ds_sub_adopt and ds_sub_pause recognize.
+CREATE OR REPLACE FUNCTION ds_sub_orphaned_reason() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'paused: the API key that created it was revoked, has expired or was deleted'
+$$;
+
 -- Whether a subscription made by p_created_by lost its creator (a key revoked, expired or
 -- deleted: ds_sub_orphaned).
 CREATE OR REPLACE FUNCTION ds_sub_creator_lost(p_created_by text) RETURNS boolean
@@ -431,7 +438,7 @@ BEGIN
     UPDATE ds_subscription
        SET created_by = p_created_by, paused = false, last_error = '',
            last_error_at = NULL
-     WHERE id = p_sid AND paused AND last_error LIKE 'paused: the API key that created it%'
+     WHERE id = p_sid AND paused AND last_error = ds_sub_orphaned_reason()
        AND ds_sub_creator_lost(created_by);
     IF FOUND THEN
         PERFORM pg_notify('ds_streams', 'sub:' || p_sid);
@@ -452,8 +459,7 @@ BEGIN
     END IF;
     UPDATE ds_subscription
        SET paused = true,
-           last_error = 'paused: the API key that created it was revoked, has expired or was'
-                        || ' deleted',
+           last_error = ds_sub_orphaned_reason(),
            last_error_at = now()
      WHERE id = s.id;
     RETURN true;
@@ -892,7 +898,7 @@ BEGIN
     -- over a subscription whose key lost standing (ds_sub_adopt) does not lift it (review).
     UPDATE ds_subscription
        SET paused = p_paused,
-           last_error = CASE WHEN p_paused AND last_error LIKE 'paused: the API key%'
+           last_error = CASE WHEN p_paused AND last_error = ds_sub_orphaned_reason()
                              THEN 'paused by an operator' ELSE last_error END
      WHERE id = p_sid;
     IF NOT p_paused THEN
