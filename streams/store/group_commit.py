@@ -17,6 +17,11 @@ console, whose view Django cancels when its client leaves, shields the call). Ea
 judged on its own (``ds_append``), is acknowledged only after the commit, and an error nobody
 anticipated fails only its own request (``_after_failure``). Across processes, transactions
 simply queue on the row locks, taken in path order everywhere.
+
+A transaction waits at most ``LOCK_SLICE_MS`` for a stream's lock: a row held longer (by an
+operator's session, say) sends its stream's batch back to the queue (``_requeue``), and the
+slot goes to the next stream ready; each append fails (503) only once it has waited the lock
+timeout in all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psycopg
 from django.conf import settings
 
 from streams import metrics
@@ -51,9 +57,10 @@ LARGE_TRANSACTION_BYTES = 256 * 1024
 MESSAGE_WEIGHT = 1024
 # How many ready streams past a large one waiting for a slot are looked at for small appends.
 SMALL_LOOKAHEAD = 16
-# After a transaction of several streams waited past the lock timeout for one of them, how
-# long (ms) each stream's batch, tried again alone, waits for its lock before it answers 503.
-BUSY_LOCK_WAIT_MS = 1000
+# How long (ms) a transaction waits for a stream's lock before its slot goes to other streams
+# (at most the lock timeout): with one slot per process, a row an operator's session held made
+# every other stream's appends wait the full lock timeout, 15 s (probe 10e).
+LOCK_SLICE_MS = 1000
 
 Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
 Batch = tuple[str, list[Pending]]
@@ -66,6 +73,8 @@ class _StreamQueue:
     pending: list[Pending] = field(default_factory=list)
     # A batch of this stream is being written: its next waits (one per stream in flight).
     running: bool = False
+    # Its last batch did not get the stream's lock in a slice: its next is written alone.
+    contended: bool = False
 
     def large(self) -> bool:
         """Whether its next batch makes a large transaction."""
@@ -110,6 +119,7 @@ async def append(request: AppendRequest) -> AppendResult:
     future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
     # If the client leaves, nobody awaits the outcome: mark it retrieved to keep logs quiet.
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    request.queued_at = time.monotonic()
     queue = _queues.get(request.path)
     if queue is None:
         queue = _queues[request.path] = _StreamQueue()
@@ -122,9 +132,10 @@ async def append(request: AppendRequest) -> AppendResult:
             transaction = _take_transaction()
             if transaction is not None:
                 await _write(*transaction)
-                result = future.result()
-                metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-                return result
+                if future.done():  # else the stream's lock was held: requeued (_write)
+                    result = future.result()
+                    metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+                    return result
         _dispatch()
     # Batched with others: the writer is a task of its own, so a caller cancelled mid-append
     # cancels only its wait, never the transaction other requests share.
@@ -145,8 +156,10 @@ async def append_together(requests: list[AppendRequest]) -> list[Result]:
     queue = _queues.get(path)
     if queue is None:
         queue = _queues[path] = _StreamQueue()
+    queued_at = time.monotonic()
     for request in requests:
         assert request.path == path, "appends together are to one stream"
+        request.queued_at = queued_at
         future: asyncio.Future[AppendResult] = loop.create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         queue.pending.append((request, future))
@@ -192,11 +205,15 @@ def _take_transaction() -> tuple[list[Batch], bool] | None:
         queue = _queues[path]
         if not large and queue.large():
             continue  # left for a large transaction's slot
+        if queue.contended and batches:
+            continue  # written alone, so that its lock holds up no other stream
         del _ready[path]
         queue.running = True
         batch = _take_batch(queue)
         size += sum(weight(request) for request, _ in batch)
         batches.append((path, batch))
+        if queue.contended:
+            break
     if large:
         _in_flight_large += 1
     else:
@@ -244,7 +261,11 @@ async def _write(batches: list[Batch], large: bool) -> None:
         metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))
         outcomes = await _outcomes(batches)
         for (path, batch), (results, unreachable) in zip(batches, outcomes, strict=True):
-            _conclude(path, batch, results, unreachable)
+            _queues[path].contended = results is None
+            if results is None:
+                _requeue(path, batch)
+            else:
+                _conclude(path, batch, results, unreachable)
     finally:
         if large:
             _in_flight_large -= 1
@@ -260,46 +281,70 @@ async def _write(batches: list[Batch], large: bool) -> None:
         _dispatch()
 
 
-async def _outcomes(batches: list[Batch]) -> list[tuple[list[Result], ServiceUnavailable | None]]:
-    """Each batch's results, and the error that says the database is unreachable, if so."""
+async def _outcomes(
+    batches: list[Batch],
+) -> list[tuple[list[Result] | None, ServiceUnavailable | None]]:
+    """Each batch's results (None: its stream's lock was not had in a slice, nothing written),
+    and the error that says the database is unreachable, if so."""
     requests = [[request for request, _ in batch] for _, batch in batches]
     if len(batches) > 1:
         try:
             written = await append_batches(
                 [(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)],
                 max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+                lock_wait_ms=_lock_slice_ms(),
             )
             return [(results, None) for results in written]
         except ServiceUnavailable as unreachable:
             return [([unreachable] * len(reqs), unreachable) for reqs in requests]
-        except Exception as exc:  # noqa: BLE001 - some batch failed: each is judged alone now
+        except Exception:  # noqa: BLE001 - some batch failed: each is judged alone now
+            # (a lock not had in the slice too: the streams behind the held one go on)
             logger.warning("a transaction of %d streams failed; writing each alone", len(batches))
-            if isinstance(refusal_for(exc), ServiceUnavailable):
-                # A lock waited for past the lock timeout: some stream's row is held. Each
-                # batch is tried again waiting for its lock briefly, so that the streams
-                # behind the held one are not held as long again (probe 10e: another stream's
-                # append waited 40 s behind one row a session held).
-                briefly = BUSY_LOCK_WAIT_MS
-                if settings.DS_DB_LOCK_TIMEOUT_MS > 0:  # 0: no timeout
-                    briefly = min(briefly, settings.DS_DB_LOCK_TIMEOUT_MS)
-                return [
-                    await _alone(path, reqs, lock_wait_ms=briefly)
-                    for (path, _), reqs in zip(batches, requests, strict=True)
-                ]
     return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]
 
 
+def _lock_slice_ms() -> int:
+    """How long a transaction waits for a stream's lock: ``LOCK_SLICE_MS``, at most the lock
+    timeout (0: none)."""
+    if settings.DS_DB_LOCK_TIMEOUT_MS > 0:
+        return min(LOCK_SLICE_MS, settings.DS_DB_LOCK_TIMEOUT_MS)
+    return LOCK_SLICE_MS
+
+
 async def _alone(
-    path: str, requests: list[AppendRequest], *, lock_wait_ms: int | None = None
-) -> tuple[list[Result], ServiceUnavailable | None]:
+    path: str, requests: list[AppendRequest]
+) -> tuple[list[Result] | None, ServiceUnavailable | None]:
     try:
         results = await append_batch(
-            path, requests, max_stream_bytes=settings.DS_MAX_STREAM_BYTES, lock_wait_ms=lock_wait_ms
+            path,
+            requests,
+            max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
+            lock_wait_ms=_lock_slice_ms(),
         )
         return results, None
     except Exception as exc:  # noqa: BLE001 - each request gets its own verdict
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return None, None
         unreachable = exc if isinstance(exc, ServiceUnavailable) else None
         return await _after_failure(path, requests, exc), unreachable
+
+
+def _requeue(path: str, batch: list[Pending]) -> None:
+    """A batch whose stream's lock was not had in a slice: what has waited the lock timeout
+    in all answers 503 (nobody's input is at fault); the rest goes back to the head of its
+    stream's queue, to be tried again once the streams ready before it had their turn."""
+    timeout = settings.DS_DB_LOCK_TIMEOUT_MS / 1000
+    waited_since = time.monotonic() - timeout
+    expired: list[Pending] = []
+    kept: list[Pending] = []
+    for pending in batch:
+        late = timeout > 0 and pending[0].queued_at <= waited_since
+        (expired if late else kept).append(pending)
+    if expired:
+        busy = ServiceUnavailable("the store is busy; retry later")
+        logger.warning("appends to %r: the stream's lock was held past the lock timeout", path)
+        _conclude(path, expired, [busy] * len(expired), None)
+    _queues[path].pending[:0] = kept
 
 
 def _conclude(
@@ -356,9 +401,10 @@ async def _after_failure(path: str, requests: list[AppendRequest], exc: Exceptio
         return [exc] * len(requests)
     refusal = refusal_for(exc)
     if isinstance(refusal, ServiceUnavailable):
-        # A lock or statement timeout, or conflicts past their retries: nobody's input is at
-        # fault, and each request alone would wait as long again (probe 10e: eight appends
-        # to a stream whose row was held answered after 60 s, four lock timeouts, each).
+        # A statement timeout, conflicts past their retries, or a lock timeout (of the
+        # requests written alone below): nobody's input is at fault, and each request alone
+        # would wait as long again (probe 10e: eight appends to a stream whose row was held
+        # answered after 60 s, four lock timeouts, each).
         logger.warning("appends to %r: %s (%s)", path, refusal.message, str(exc).strip()[:200])
         return [refusal] * len(requests)
     if len(requests) == 1:

@@ -134,6 +134,8 @@ class AppendRequest:
     # Version of the extra validation the messages passed (streams.extensions), or None.
     validation_version: int | None = None
     size: int = field(init=False)
+    # When group commit queued it (time.monotonic()): it waits the lock timeout at most.
+    queued_at: float = field(default=0.0, init=False, compare=False)
 
     def __post_init__(self) -> None:
         self.size = sum(len(m) for m in self.messages)

@@ -55,21 +55,12 @@ _APPEND_COLUMNS = (
     prepared.integer,  # expected_seq
     prepared.integer,  # stream_id
 )
+# ds_lock_wait sets how long ($7 ms; NULL: the session's lock timeout) the statement waits for
+# the stream's lock (APPEND_STREAMS's $17: for each stream's), as its argument is evaluated,
+# before ds_append runs. (A transaction block around the two left the connection in error after
+# a timeout, and the prepared statements' runner gave up such a connection: review.)
 _APPEND = prepared.Statement(
     "ds_append",
-    "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
-    " stream_id FROM ds_append($1, $2::jsonb, $3::int[], $4::int[], $5, $6)",
-    binary=[5],
-    columns=_APPEND_COLUMNS,
-)
-
-
-# _APPEND waiting at most $7 ms for the stream's lock: ds_lock_wait sets the lock timeout of the
-# statement's own transaction as its argument is evaluated, before ds_append runs. (A
-# transaction block around the two left the connection in error after a timeout, and the
-# prepared statements' runner gave up such a connection: review.)
-_APPEND_WAITING_AT_MOST = prepared.Statement(
-    "ds_append_waiting_at_most",
     "SELECT outcome, next_seq, next_pos, closed, producer_epoch, producer_seq, expected_seq,"
     " stream_id FROM ds_append(ds_lock_wait($1, $7), $2::jsonb, $3::int[], $4::int[], $5, $6)",
     binary=[5],
@@ -80,9 +71,9 @@ _APPEND_WAITING_AT_MOST = prepared.Statement(
 APPEND_STREAMS = prepared.Statement(
     "ds_append_streams",
     "SELECT ordinal, outcome, next_seq, next_pos, closed, producer_epoch, producer_seq,"
-    " expected_seq, stream_id FROM ds_append_streams($1::text[], $2::jsonb, $3::int[],"
-    " $4::bigint[], $5::int[], $6::int[], $7::text[], $8::bigint[], $9::int[], $10::int[],"
-    " $11::int[], $12::int[], $13::bigint[], $14::boolean[], $15, $16)",
+    " expected_seq, stream_id FROM ds_append_streams(ds_lock_wait($1, $17)::text[], $2::jsonb,"
+    " $3::int[], $4::bigint[], $5::int[], $6::int[], $7::text[], $8::bigint[], $9::int[],"
+    " $10::int[], $11::int[], $12::int[], $13::bigint[], $14::boolean[], $15, $16)",
     binary=[15],
     columns=(prepared.integer, *_APPEND_COLUMNS),
 )
@@ -227,22 +218,23 @@ async def append_batch(
     wait at most that long for the stream's lock (else the session's lock timeout), failing
     with SQLSTATE 55P03 past it."""
     params = _append_params(path, requests, max_stream_bytes)
-    if lock_wait_ms is None:
-        rows = await _run(_APPEND, params)
-    else:
-        rows = await _run(_APPEND_WAITING_AT_MOST, (*params, lock_wait_ms))
+    rows = await _run(_APPEND, (*params, lock_wait_ms))
     return _append_results(requests, rows)
 
 
 async def append_batches(
-    batches: list[tuple[str, list[AppendRequest]]], *, max_stream_bytes: int
+    batches: list[tuple[str, list[AppendRequest]]],
+    *,
+    max_stream_bytes: int,
+    lock_wait_ms: int | None = None,
 ) -> list[list[AppendResult | ProtocolError]]:
     """Append batches to several streams in ONE statement (ds_append_streams: one
     transaction, one commit, one WAL flush for all), each stream's batch judged as
     ``append_batch`` judges it, the streams locked in path order (the order every process
     locks streams in). If any stream's batch fails, nothing is stored and the error is raised
-    (the caller judges each batch alone then)."""
-    order, params = append_streams_params(batches, max_stream_bytes)
+    (the caller judges each batch alone then). ``lock_wait_ms``: as ``append_batch``'s, for
+    every stream's lock."""
+    order, params = append_streams_params(batches, max_stream_bytes, lock_wait_ms)
     rows = await _run(APPEND_STREAMS, params)
     by_stream: list[list[tuple[Any, ...]]] = [[] for _ in batches]
     for row in rows:
@@ -254,7 +246,9 @@ async def append_batches(
 
 
 def append_streams_params(
-    batches: list[tuple[str, list[AppendRequest]]], max_stream_bytes: int
+    batches: list[tuple[str, list[AppendRequest]]],
+    max_stream_bytes: int,
+    lock_wait_ms: int | None = None,
 ) -> tuple[list[int], tuple[Any, ...]]:
     """The order in which ``append_batches`` locks the streams of ``batches`` (indices, in
     path order), and the parameters of its statement (``APPEND_STREAMS``)."""
@@ -274,6 +268,7 @@ def append_streams_params(
         "{" + ",".join("t" if end else "f" for end in batch.ends) + "}",
         b"".join(batch.data),
         max_stream_bytes,
+        lock_wait_ms,
     )  # fmt: skip
     return order, params
 

@@ -115,3 +115,49 @@ def test_a_stream_whose_row_is_held_does_not_hold_other_streams(
     # The brief waits for a lock cost no pooled connection (review: a transaction block
     # around them left each connection in error after its timeout, and it was thrown away).
     assert "discarding" not in server.log_path.read_text()
+
+
+def test_appends_behind_a_held_row_wait_their_turn_while_other_streams_go_on(
+    start_server: Any, database_url: str
+) -> None:
+    """With one write slot, an append waiting for a held stream row kept the slot, and every
+    other stream's appends in the process waited behind it for as long as the lock timeout
+    (15 s by default). Now a transaction waits for a lock a slice at a time, and between
+    slices the other streams are written; the held stream's appends, still within the lock
+    timeout, are written in their order once the row is free."""
+    server: ServerProcess = start_server(
+        env={"DS_DB__LOCK_TIMEOUT_SECS": "30", "DS_DB__WRITE_TRANSACTIONS": "1"}
+    )
+    stamp = time.time_ns()
+    held = f"held/{stamp}"
+    others = [f"other-{n}/{stamp}" for n in range(3)]
+
+    async def run(locker: psycopg.Connection[Any]) -> tuple[list[httpx.Response], list[int]]:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_SECS) as http:
+            for path in (held, *others):
+                assert (await http.put(server.stream_url(path), headers=TEXT)).status_code == 201
+            locker.execute("SELECT 1 FROM ds_stream WHERE path = %s FOR UPDATE", (held,))
+            to_held = []
+            for n in range(5):
+                body = b"%d" % n
+                post = http.post(server.stream_url(held), headers=TEXT, content=body)
+                to_held.append(asyncio.create_task(post))
+                await asyncio.sleep(0.05)  # they arrive in this order
+            # Each within the client's timeout (6 s), while the row is still held: before,
+            # each waited for the held stream's lock timeout (30 s) and timed out.
+            statuses = []
+            for path in others:
+                post = http.post(server.stream_url(path), headers=TEXT, content=b"fine")
+                statuses.append((await post).status_code)
+            locker.rollback()
+            return await asyncio.gather(*to_held), statuses
+
+    with psycopg.connect(database_url) as locker:
+        to_held, statuses = asyncio.run(run(locker))
+    assert statuses == [204, 204, 204]
+    assert [response.status_code for response in to_held] == [204] * 5
+    with httpx.Client(timeout=CLIENT_TIMEOUT_SECS) as http:
+        assert http.get(server.stream_url(held), params={"offset": "-1"}).content == b"01234"
+        for path in others:
+            assert http.get(server.stream_url(path), params={"offset": "-1"}).content == b"fine"
+    assert "discarding" not in server.log_path.read_text()

@@ -49,13 +49,15 @@ LANGUAGE sql STABLE AS $$
             AND NOT coalesce(s.watched_until > now(), false))
 $$;
 
--- p_value, once the lock timeout of the calling statement's transaction is p_ms milliseconds:
--- an argument of a statement's function, so that it is set before that function runs
--- (streams.store.writes, _APPEND_WAITING_AT_MOST).
+-- p_value, once the lock timeout of the calling statement's transaction is p_ms milliseconds
+-- (NULL: the session's own): an argument of a statement's function, so that it is set before
+-- that function runs (streams.store.writes, _APPEND and APPEND_STREAMS).
 CREATE OR REPLACE FUNCTION ds_lock_wait(p_value text, p_ms int) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    IF p_ms IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    END IF;
     RETURN p_value;
 END;
 $$;
