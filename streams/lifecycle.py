@@ -141,7 +141,9 @@ async def startup() -> None:
         schema_unchecked = True
         logger.warning("database unreachable at start-up; its SQL is checked once it answers")
         _background.add(asyncio.get_running_loop().create_task(_verify_later()))
-    await hub.start()
+    # Listening before requests come, but not waiting for a database just found unreachable:
+    # the process answered nothing, not even /healthz, for 5 s more (probe 10f).
+    await hub.start(wait=not schema_unchecked)
     ensure_started()
     _end_readers_on_signals()
     logger.info("server process started")

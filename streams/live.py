@@ -430,7 +430,7 @@ class LiveHub:
             return
         self._changed(stream_id, next_seq, state)
 
-    async def _ensure_listener(self) -> None:
+    async def _ensure_listener(self, *, wait: bool = True) -> None:
         loop = asyncio.get_running_loop()
         if self._listener is None or self._loop is not loop:
             self._loop = loop
@@ -440,7 +440,7 @@ class LiveHub:
             # (Re)started whenever a reader subscribes: without renewals, marks run out and
             # other processes' appends stop reaching this process's readers.
             self._renewer = loop.create_task(self._renew(), name="ds-live-watch-renewal")
-        if not self._listening.is_set():
+        if wait and not self._listening.is_set():
             # First subscriber: wait (briefly) until LISTEN is active, so that nothing committed
             # between its read and its wait is missed. If the database is down, go on: the
             # reconnect wakes everyone.
@@ -448,9 +448,10 @@ class LiveHub:
                 async with asyncio.timeout(5):
                     await self._listening.wait()
 
-    async def start(self) -> None:
-        """Start listening now (at process start-up) rather than at the first reader."""
-        await self._ensure_listener()
+    async def start(self, *, wait: bool = True) -> None:
+        """Start listening now (at process start-up) rather than at the first reader; with
+        ``wait``, wait (briefly) until LISTEN is active."""
+        await self._ensure_listener(wait=wait)
 
     async def stop(self) -> None:
         for task in (self._listener, self._renewer):

@@ -367,3 +367,33 @@ def _read_to_end(sock: socket.socket) -> bytes:
         while chunk := sock.recv(65536):
             answer += chunk
     return answer
+
+
+def test_a_process_started_without_its_database_is_live_without_waiting_for_it(
+    own_database: str, tmp_path: Path
+) -> None:
+    """Probe 10f: started while the database was unreachable, a process waited 5 s for its
+    schema check and then up to 5 s more for its LISTEN connection before it answered
+    anything, ``/healthz`` included (a liveness probe with a short timeout restarts such a
+    process). Once the check has found the database unreachable it no longer waits for the
+    LISTEN connection: when ``/healthz`` first answers, that connection has been tried only
+    once or twice (seven times, after waiting the 5 s, before)."""
+    host_port = own_database.split("@", 1)[1].split("/", 1)[0]
+    proxy = StallingProxy("127.0.0.1", free_port()).start()  # a port nobody listens on
+    try:
+        env = {"DS_DB__SOCKET_DIR": ""}
+        through_proxy = own_database.replace(host_port, f"127.0.0.1:{proxy.port}")
+        server = ServerProcess(through_proxy, env, tmp_path / "unreachable.log", "uvicorn")
+        try:
+            metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        finally:
+            server.stop()
+    finally:
+        proxy.stop()
+    tries = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('ds_listen_reconnects_total{reason="error"}')
+    ]
+    # Tried at 0, 0.1, 0.3, 0.7, 1.5 s...: 1-2 times by the first answer here, 7 before.
+    assert sum(tries) <= 5, tries
