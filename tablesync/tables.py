@@ -9,6 +9,7 @@ then known by its oid, and SQL naming it is composed with ``psycopg.sql.Identifi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from django.apps import apps
@@ -20,12 +21,26 @@ from streams.errors import BadRequest, NotFound
 # The server's own tables are never published or sunk into (publishing ds_message would append
 # to itself).
 RESERVED_PREFIX = "ds_"
-# Django's tables of sessions, users and their rights: never published nor sunk into (a session
-# key read from a stream signs its reader in as that user; a row sunk into auth_user makes one).
-CREDENTIAL_TABLES = frozenset({
-    "django_session", "auth_user", "auth_user_groups", "auth_user_user_permissions",
-    "auth_group_permissions", "auth_permission",
-})  # fmt: skip
+# The apps whose tables are the server's own, beside ds_*: Django's sessions, users and rights
+# (a session key read from a stream signs its reader in as that user; a row sunk into auth_user
+# makes one), the admin's log, the API-key library's table, Yjs documents... Never published nor
+# sunk into: their rows are written by the server alone, and read by those it lets read them.
+SERVER_APPS = (
+    "admin", "auth", "contenttypes", "sessions", "rest_framework_api_key",
+    "streams", "access", "state", "yjs", "spark", "subscriptions", "console", "tablesync",
+)  # fmt: skip
+
+
+@functools.cache
+def server_tables() -> dict[str, str]:
+    """The server's own tables (``SERVER_APPS``'), each with its app's label; and Django's
+    record of migrations."""
+    tables = {"django_migrations": "migrations"}
+    for config in apps.get_app_configs():
+        if config.label in SERVER_APPS:
+            for model in config.get_models(include_auto_created=True):
+                tables[model._meta.db_table] = config.label
+    return tables
 
 
 @dataclass(frozen=True)
@@ -97,10 +112,11 @@ def table_by_oid(oid: int, name: str | None = None) -> Table:
             raise BadRequest(f"{qualified} is not a table")
         if schema in ("pg_catalog", "information_schema") or relname.startswith(RESERVED_PREFIX):
             raise BadRequest(f"{qualified} is one of the server's or PostgreSQL's own tables")
-        if relname in CREDENTIAL_TABLES:
+        if (label := server_tables().get(relname)) is not None:
             raise BadRequest(
-                f"{qualified} holds the admin's credentials or rights: published, its stream"
-                " would show them to its readers; sunk into, its writers would grant them"
+                f"{qualified} is one of the server's own tables ({label}): published, its"
+                " stream would show the server's records (credentials among them) to its"
+                " readers; sunk into, its writers would write them"
             )
         cursor.execute(
             "SELECT a.attname FROM pg_index AS i"

@@ -385,8 +385,14 @@ def test_publish_refuses_what_it_cannot_publish(
         ((table, "--stream", "x/4", "--columns", "v,nope"), "no column"),
         (("ds_message", "--stream", "x/5"), "own tables"),
         # A session key read from the stream signs its reader in (review of probe 10h).
-        (("django_session", "--stream", "x/6"), "credentials"),
-        (("auth.User", "--stream", "x/7"), "credentials"),
+        (("django_session", "--stream", "x/6"), "own tables (sessions)"),
+        (("auth.User", "--stream", "x/7"), "own tables (auth)"),
+        # The admin's log, API keys' hashes, Yjs documents, Django's migrations: the server's.
+        (("django_admin_log", "--stream", "x/8"), "own tables (admin)"),
+        (("rest_framework_api_key_apikey", "--stream", "x/9"), "own tables"),
+        (("yjs_document", "--stream", "x/10"), "own tables (yjs)"),
+        (("django_migrations", "--stream", "x/11"), "own tables"),
+        (("auth_group", "--stream", "x/12"), "own tables (auth)"),
         ((table, "--stream", text_path), "not application/json"),
         ((table, "--stream", "__registry__"), "written by the server"),
         ((table, "--stream", "__ds/x"), "reserved"),
@@ -394,7 +400,7 @@ def test_publish_refuses_what_it_cannot_publish(
     ]
     for args, message in cases:
         assert message in command_fails(database_url, "publish_table", *args), args
-    for i in (1, 2, 3, 4, 5):
+    for i in range(1, 13):
         assert client.head(f"/v1/stream/x/{i}").status_code == 404
     assert pg.execute(
         "SELECT count(*) FROM pg_trigger"

@@ -453,7 +453,8 @@ def test_sink_refuses_what_it_cannot_apply(
         ((path, "--table", table, "--map", "label", "--map", "label"), "mapped twice"),
         ((path, "--table", table, "--map", "label", "--create"), "already exists"),
         ((path, "--table", "ds_message", "--map", "data"), "own tables"),
-        ((path, "--table", "auth_user", "--map", "username"), "credentials"),
+        ((path, "--table", "auth_user", "--map", "username"), "own tables (auth)"),
+        ((path, "--table", "yjs_document", "--map", "name"), "own tables (yjs)"),
         ((path, "--table", table, "--map", "label", "--offset-column", "label"), "must differ"),
         ((path, "--table", table, "--map", "label", "--key", "id"), "upsert"),
     ]  # fmt: skip
