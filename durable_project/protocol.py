@@ -257,17 +257,29 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
         closed it: a FIN says no more): a request that changes something, and requests
         pipelined, are answered, then the connection closes. uvicorn let the transport close
         at once: an append was committed and never answered, and a client retrying it wrote
-        it twice (probe 8b). A request still being received cannot complete, and a read's
-        answer is not worth keeping the connection for: the connection closes now, as when
-        the client goes (and a live read ends at once)."""
+        it twice (probe 8b). A request still being received cannot complete: it is dropped,
+        and the requests before it are answered all the same (probe 10k: a partial request
+        pipelined behind an append closed the connection, the append committed and never
+        answered). A read's answer is not worth keeping the connection for: the connection
+        closes now, as when the client goes (and a live read ends at once)."""
         self._client_done = True
-        if self._in_head or (self.cycle is not None and self.cycle.more_body):
-            return False
-        answering = self.cycle is not None and not self.cycle.response_complete
+        if self._in_head:
+            self._in_head = False
+            self._stop_head_timer()
+        elif self.cycle is not None and self.cycle.more_body:
+            # Queued behind a request still being answered, it never runs; running, it is the
+            # only request unanswered, and connection_lost tells it its client is gone.
+            partial = self.cycle
+            for entry in [entry for entry in self.pipeline if entry[0] is partial]:
+                self.pipeline.remove(entry)
+            self._answering = [c for c in self._answering if c is not partial]
         # A FIN is also how a client that has gone away closes: a read (a long-poll, an SSE
         # connection) is told at once, as before, and its answer is not worth waiting for;
         # one that changes something, or requests pipelined behind another, are answered.
-        writes = answering and self.cycle.scope["method"] not in ("GET", "HEAD", "OPTIONS")
+        writes = any(
+            not cycle.response_complete and cycle.scope["method"] not in ("GET", "HEAD", "OPTIONS")
+            for cycle in self._answering
+        )
         return bool(self.pipeline) or writes
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -330,6 +330,25 @@ def test_a_client_that_half_closes_is_answered(server: ServerProcess) -> None:
     assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"0,1,2,"
 
 
+def test_a_request_cut_by_a_half_close_leaves_those_before_it_answered(
+    server: ServerProcess,
+) -> None:
+    """Probe 10k: an append, then a request pipelined behind it cut short (its body, or its
+    head, incomplete), then the client's FIN: the connection closed at once, the append was
+    committed and never answered, and a client retrying it stored it twice. The append is
+    answered, the incomplete request dropped, then the connection closes."""
+    for n, tail in enumerate((b"Content-Length: 100\r\n\r\nonly ten b", b"Content-Le")):
+        path = f"hostile/half-cut-{n}-{time.time_ns()}"
+        assert httpx.put(server.stream_url(path), headers={"Content-Type": "text/plain"}).is_success
+        head = f"POST /v1/stream/{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(f"{head}Content-Length: 1\r\n\r\nA".encode() + head.encode() + tail)
+            sock.shutdown(socket.SHUT_WR)
+            answer = _read_until_closed(sock)
+        assert answer.count(b"HTTP/1.1 ") == 1 and _status(answer) == 204, (n, answer[:300])
+        assert httpx.get(server.stream_url(path), params={"offset": "-1"}).content == b"A"
+
+
 def test_framing_the_parser_lets_through_is_refused(server: ServerProcess) -> None:
     """httptools' parser took a transfer coding other than chunked (``gzip, chunked``: the
     compressed bytes were stored as sent), an ``HTTP/2.0`` request line, a target in absolute
