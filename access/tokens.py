@@ -63,6 +63,10 @@ def verify(token: str) -> Principal:
         )
     except (jwt.PyJWTError, ValueError) as exc:
         raise _refused(f"the token was refused: {exc}") from None
+    # PyJWT takes an empty subject (every such token one principal, ``jwt:``) and an expiry
+    # as text (RFC 7519: a NumericDate is a JSON number).
+    if not claims["sub"] or isinstance(claims["exp"], bool | str):
+        raise _refused("the token was refused: an empty subject, or an expiry that is text")
     principal = Principal(
         "jwt",
         id=str(claims["sub"]),

@@ -79,6 +79,9 @@ def keys(database_url: str, servers: Any, idp: IdentityProvider) -> dict[str, di
     foreign = {"alg": "ES256", "kid": KID, "typ": "JWT"}
     header = base64.urlsafe_b64encode(json.dumps(foreign).encode()).rstrip(b"=").decode()
     headers["jwt-wrong-key"] = bearer(f"{header}.{signed[1]}.AAAA")
+    # PyJWT takes both: every token without a subject one principal, an expiry as text.
+    headers["jwt-no-subject"] = bearer(idp.token(list(FULL), sub=""))
+    headers["jwt-text-expiry"] = bearer(idp.token(list(FULL), exp=str(int(time.time()) + 600)))
     return headers
 
 
@@ -263,6 +266,8 @@ REFUSED = {
     "jwt-expired": 401,
     "jwt-audience": 401,
     "jwt-wrong-key": 401,
+    "jwt-no-subject": 401,
+    "jwt-text-expiry": 401,
 }
 
 
