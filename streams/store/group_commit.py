@@ -20,8 +20,10 @@ simply queue on the row locks, taken in path order everywhere.
 
 A transaction waits at most ``LOCK_SLICE_MS`` for a stream's lock: a row held longer (by an
 operator's session, say) sends its stream's batch back to the queue (``_requeue``), and the
-slot goes to the next stream ready; each append fails (503) only once it has waited the lock
-timeout in all.
+stream is contended: its batches are written alone, in a slot of their own
+(``MAX_CONTENDED_TRANSACTIONS``), so that no other stream waits behind it again. Each append
+fails (503) once it has waited the lock timeout in all (``_expire``: on time, whether its batch
+is being tried or waiting its turn).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import psycopg
 from django.conf import settings
@@ -61,8 +64,13 @@ SMALL_LOOKAHEAD = 16
 # (at most the lock timeout): with one slot per process, a row an operator's session held made
 # every other stream's appends wait the full lock timeout, 15 s (probe 10e).
 LOCK_SLICE_MS = 1000
+# Transactions of contended streams in flight at once per process (each holds a connection
+# while it waits for its lock).
+MAX_CONTENDED_TRANSACTIONS = 1
 
 Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
+# The slot a transaction takes: of small appends, of large ones, or of a contended stream.
+Kind = Literal["small", "large", "contended"]
 Batch = tuple[str, list[Pending]]
 Result = AppendResult | ProtocolError
 CommitListener = Callable[[list[AppendRequest], list[Result]], None]
@@ -73,8 +81,10 @@ class _StreamQueue:
     pending: list[Pending] = field(default_factory=list)
     # A batch of this stream is being written: its next waits (one per stream in flight).
     running: bool = False
-    # Its last batch did not get the stream's lock in a slice: its next is written alone.
+    # Its last batch did not get a lock in a slice: its next is written alone, in the slot of
+    # contended streams; until then, its appends are failed as their time runs out (expiry).
     contended: bool = False
+    expiry: asyncio.TimerHandle | None = None
 
     def large(self) -> bool:
         """Whether its next batch makes a large transaction."""
@@ -89,13 +99,16 @@ def weight(request: AppendRequest) -> int:
 
 
 _queues: dict[str, _StreamQueue] = {}
-# Streams with appends waiting and no batch in flight, oldest first (a dict: an ordered set).
+# Streams with appends waiting and no batch in flight, oldest first (a dict: an ordered set);
+# contended ones apart.
 _ready: dict[str, None] = {}
+_contended_ready: dict[str, None] = {}
 # Transactions in flight: of small appends (at most max_transactions(): fewer, larger batches
 # cost less CPU per append) and of large data (up to the pool's size less two: writing a MiB
 # takes PostgreSQL milliseconds, and large appends to different streams run in parallel).
 _in_flight = 0
 _in_flight_large = 0
+_in_flight_contended = 0
 # Told about every batch after it was written (the service layer wakes live readers): the store
 # does not import live delivery.
 _listeners: list[CommitListener] = []
@@ -125,8 +138,8 @@ async def append(request: AppendRequest) -> AppendResult:
         queue = _queues[request.path] = _StreamQueue()
     queue.pending.append((request, future))
     if not queue.running:
-        _ready[request.path] = None
-        if len(_ready) == 1 and len(queue.pending) == 1:
+        _make_ready(request.path, queue)
+        if len(_ready) == 1 and len(queue.pending) == 1 and not queue.contended:
             # Alone: written here. Cancelled, it still gives back its slot and its stream's
             # queue (_write); what queued behind it meanwhile goes in the next transaction.
             transaction = _take_transaction()
@@ -165,7 +178,7 @@ async def append_together(requests: list[AppendRequest]) -> list[Result]:
         queue.pending.append((request, future))
         futures.append(future)
     if not queue.running:
-        _ready[path] = None
+        _make_ready(path, queue)
     _dispatch()
     outcomes = await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
     elapsed = time.perf_counter() - started
@@ -179,17 +192,33 @@ async def append_together(requests: list[AppendRequest]) -> list[Result]:
     return results
 
 
+def _make_ready(path: str, queue: _StreamQueue) -> None:
+    (_contended_ready if queue.contended else _ready)[path] = None
+
+
 def _dispatch() -> None:
     """Start transactions for ready streams while slots are free."""
+    global _in_flight_contended
+    loop = asyncio.get_running_loop()
+    transactions: list[tuple[list[Batch], Kind]] = []
     while (transaction := _take_transaction()) is not None:
-        writer = asyncio.get_running_loop().create_task(_write(*transaction))
+        transactions.append(transaction)
+    while _contended_ready and _in_flight_contended < MAX_CONTENDED_TRANSACTIONS:
+        path = next(iter(_contended_ready))
+        del _contended_ready[path]
+        queue = _queues[path]
+        queue.running = True
+        _in_flight_contended += 1
+        transactions.append(([(path, _take_batch(queue))], "contended"))
+    for batches, kind in transactions:
+        writer = loop.create_task(_write(batches, kind))
         _writers.add(writer)
         writer.add_done_callback(_writers.discard)
 
 
-def _take_transaction() -> tuple[list[Batch], bool] | None:
-    """The next transaction's batches (and whether it is a large one), its slot taken; None
-    when no stream is ready or no slot is free."""
+def _take_transaction() -> tuple[list[Batch], Kind] | None:
+    """The next transaction of small or large appends (of streams not contended), its slot
+    taken; None when no stream is ready or no slot is free."""
     global _in_flight, _in_flight_large
     large = _next_kind()
     if large is None:
@@ -205,20 +234,16 @@ def _take_transaction() -> tuple[list[Batch], bool] | None:
         queue = _queues[path]
         if not large and queue.large():
             continue  # left for a large transaction's slot
-        if queue.contended and batches:
-            continue  # written alone, so that its lock holds up no other stream
         del _ready[path]
         queue.running = True
         batch = _take_batch(queue)
         size += sum(weight(request) for request, _ in batch)
         batches.append((path, batch))
-        if queue.contended:
-            break
     if large:
         _in_flight_large += 1
-    else:
-        _in_flight += 1
-    return batches, large
+        return batches, "large"
+    _in_flight += 1
+    return batches, "small"
 
 
 def _next_kind() -> bool | None:
@@ -231,7 +256,9 @@ def _next_kind() -> bool | None:
     small_free = _in_flight < max_transactions()
     if not _queues[next(iter(_ready))].large():
         return False if small_free else None
-    if _in_flight + _in_flight_large < max(1, settings.DS_DB_POOL_MAX_SIZE - 2):
+    if _in_flight + _in_flight_large + _in_flight_contended < max(
+        1, settings.DS_DB_POOL_MAX_SIZE - 2
+    ):
         return True
     if small_free:
         for n, path in enumerate(_ready):
@@ -255,30 +282,46 @@ def _take_batch(queue: _StreamQueue) -> list[Pending]:
     return batch
 
 
-async def _write(batches: list[Batch], large: bool) -> None:
-    global _in_flight, _in_flight_large
+async def _write(batches: list[Batch], kind: Kind) -> None:
+    global _in_flight, _in_flight_large, _in_flight_contended
     try:
         metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))
         outcomes = await _outcomes(batches)
         for (path, batch), (results, unreachable) in zip(batches, outcomes, strict=True):
-            _queues[path].contended = results is None
             if results is None:
                 _requeue(path, batch)
             else:
+                _settled(_queues[path])
                 _conclude(path, batch, results, unreachable)
     finally:
-        if large:
+        if kind == "large":
             _in_flight_large -= 1
-        else:
+        elif kind == "small":
             _in_flight -= 1
+        else:
+            _in_flight_contended -= 1
         for path, _ in batches:
             queue = _queues[path]
             queue.running = False
             if queue.pending:
-                _ready[path] = None
+                _make_ready(path, queue)
             else:
-                del _queues[path]
+                _forget(path, queue)
         _dispatch()
+
+
+def _forget(path: str, queue: _StreamQueue) -> None:
+    """A stream with nothing waiting and nothing in flight."""
+    _settled(queue)
+    del _queues[path]
+
+
+def _settled(queue: _StreamQueue) -> None:
+    """Its last batch got its locks: no longer contended."""
+    queue.contended = False
+    if queue.expiry is not None:
+        queue.expiry.cancel()
+        queue.expiry = None
 
 
 async def _outcomes(
@@ -297,8 +340,13 @@ async def _outcomes(
             return [(results, None) for results in written]
         except ServiceUnavailable as unreachable:
             return [([unreachable] * len(reqs), unreachable) for reqs in requests]
+        except psycopg.errors.LockNotAvailable:
+            # Some stream's lock (or a table's) was not had in the slice: every batch goes back,
+            # each stream to be tried alone, in the slot of contended ones. (Tried alone here,
+            # one after another, each took the slot for a slice: appends to a locked table
+            # answered up to 34 s past the lock timeout, probe 10i.)
+            return [(None, None) for _ in batches]
         except Exception:  # noqa: BLE001 - some batch failed: each is judged alone now
-            # (a lock not had in the slice too: the streams behind the held one go on)
             logger.warning("a transaction of %d streams failed; writing each alone", len(batches))
     return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]
 
@@ -330,21 +378,44 @@ async def _alone(
 
 
 def _requeue(path: str, batch: list[Pending]) -> None:
-    """A batch whose stream's lock was not had in a slice: what has waited the lock timeout
-    in all answers 503 (nobody's input is at fault); the rest goes back to the head of its
-    stream's queue, to be tried again once the streams ready before it had their turn."""
+    """A batch that did not get a lock it needs in a slice: back to the head of its stream's
+    queue, the stream contended (written alone, in its own slot), what has waited the lock
+    timeout answered 503 (``_expire``)."""
+    queue = _queues[path]
+    queue.contended = True
+    queue.pending[:0] = batch
+    _expire(path)
+
+
+def _expire(path: str) -> None:
+    """Answer 503 to the appends of a contended stream waiting for their turn that have waited
+    the lock timeout (nobody's input is at fault), and set a timer for the next: probe 10i saw
+    appends answered 25-49 s after a 15 s lock timeout, their batches waiting for the slot of
+    contended streams."""
+    queue = _queues.get(path)
+    if queue is None or not queue.contended:
+        return
+    if queue.expiry is not None:
+        queue.expiry.cancel()
+        queue.expiry = None
     timeout = settings.DS_DB_LOCK_TIMEOUT_MS / 1000
-    waited_since = time.monotonic() - timeout
-    expired: list[Pending] = []
-    kept: list[Pending] = []
-    for pending in batch:
-        late = timeout > 0 and pending[0].queued_at <= waited_since
-        (expired if late else kept).append(pending)
-    if expired:
+    if timeout <= 0:  # no lock timeout: they wait for as long as the lock lasts
+        return
+    now = time.monotonic()
+    late = 0  # the queue is in the order the appends came: the late ones lead it
+    while late < len(queue.pending) and queue.pending[late][0].queued_at + timeout <= now:
+        late += 1
+    if late:
+        expired, queue.pending = queue.pending[:late], queue.pending[late:]
         busy = ServiceUnavailable("the store is busy; retry later")
-        logger.warning("appends to %r: the stream's lock was held past the lock timeout", path)
+        logger.warning("appends to %r: a lock they need was held past the lock timeout", path)
         _conclude(path, expired, [busy] * len(expired), None)
-    _queues[path].pending[:0] = kept
+    if queue.pending:
+        due = queue.pending[0][0].queued_at + timeout
+        queue.expiry = asyncio.get_running_loop().call_later(due - now, _expire, path)
+    elif not queue.running:
+        _contended_ready.pop(path, None)
+        _forget(path, queue)
 
 
 def _conclude(

@@ -143,21 +143,63 @@ def test_appends_behind_a_held_row_wait_their_turn_while_other_streams_go_on(
                 post = http.post(server.stream_url(held), headers=TEXT, content=body)
                 to_held.append(asyncio.create_task(post))
                 await asyncio.sleep(0.05)  # they arrive in this order
-            # Each within the client's timeout (6 s), while the row is still held: before,
-            # each waited for the held stream's lock timeout (30 s) and timed out.
+            # Twenty, one after another, within the client's timeout (6 s) while the row is
+            # still held: before, the first waited for the held stream's lock timeout (30 s);
+            # then each for a slice of the held stream's (0.8 s each, probe 10i).
             statuses = []
-            for path in others:
-                post = http.post(server.stream_url(path), headers=TEXT, content=b"fine")
-                statuses.append((await post).status_code)
+            async with asyncio.timeout(CLIENT_TIMEOUT_SECS):
+                for n in range(20):
+                    path = others[n % len(others)]
+                    post = http.post(server.stream_url(path), headers=TEXT, content=b"%d," % n)
+                    statuses.append((await post).status_code)
             locker.rollback()
             return await asyncio.gather(*to_held), statuses
 
     with psycopg.connect(database_url) as locker:
         to_held, statuses = asyncio.run(run(locker))
-    assert statuses == [204, 204, 204]
+    assert statuses == [204] * 20
     assert [response.status_code for response in to_held] == [204] * 5
     with httpx.Client(timeout=CLIENT_TIMEOUT_SECS) as http:
         assert http.get(server.stream_url(held), params={"offset": "-1"}).content == b"01234"
-        for path in others:
-            assert http.get(server.stream_url(path), params={"offset": "-1"}).content == b"fine"
+        for k, path in enumerate(others):
+            expected = b"".join(b"%d," % n for n in range(k, 20, len(others)))
+            assert http.get(server.stream_url(path), params={"offset": "-1"}).content == expected
     assert "discarding" not in server.log_path.read_text()
+
+
+def test_appends_behind_a_locked_table_answer_at_their_lock_timeout(
+    start_server: Any, database_url: str
+) -> None:
+    """Probe 10i: with ``ds_message`` locked (an operator's LOCK TABLE), appends to many
+    streams answered 25-49 s after a 15 s lock timeout: after the transaction of all of them
+    timed out, each stream was tried alone, one after another, a lock wait each, and an append
+    was judged late only when its stream's turn came back. Each now answers 503 at its lock
+    timeout (2 s here, one slice more at most); before, most were still waiting when the lock
+    went, 6 s in, and were stored then."""
+    server: ServerProcess = start_server(
+        env={"DS_DB__LOCK_TIMEOUT_SECS": "2", "DS_DB__WRITE_TRANSACTIONS": "1"}
+    )
+    stamp = time.time_ns()
+    paths = [f"table-locked-{n}/{stamp}" for n in range(8)]
+
+    async def run(locker: psycopg.Connection[Any]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for path in paths:
+                assert (await http.put(server.stream_url(path), headers=TEXT)).status_code == 201
+            locker.execute("LOCK TABLE ds_message IN ACCESS EXCLUSIVE MODE")
+            posts = [
+                asyncio.create_task(http.post(server.stream_url(path), headers=TEXT, content=b"x"))
+                for path in paths
+            ]
+            await asyncio.sleep(6)
+            locker.rollback()
+            return await asyncio.gather(*posts)
+
+    with psycopg.connect(database_url) as locker:
+        answers = asyncio.run(run(locker))
+    assert [response.status_code for response in answers] == [503] * len(paths)
+    assert all(int(response.headers["Retry-After"]) > 0 for response in answers)
+    with httpx.Client(timeout=CLIENT_TIMEOUT_SECS) as http:
+        for path in paths:
+            assert http.get(server.stream_url(path), params={"offset": "-1"}).content == b""
+            assert http.post(server.stream_url(path), headers=TEXT, content=b"y").status_code == 204

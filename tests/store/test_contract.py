@@ -664,15 +664,15 @@ def test_a_small_append_does_not_wait_behind_a_heavy_one(path: str, heavy: str) 
         group_commit._in_flight, group_commit._in_flight_large = 0, slots
         taken = group_commit._take_transaction()
         assert taken is not None, "nothing taken for the free slot"
-        batches, large = taken
-        await group_commit._write(batches, large)
+        batches, kind = taken
+        await group_commit._write(batches, kind)
         group_commit._in_flight_large = 0
         group_commit._dispatch()
         await asyncio.gather(*tasks)
-        return [p for p, _ in batches], large, await content(heavy_path), await content(small_path)
+        return [p for p, _ in batches], kind, await content(heavy_path), await content(small_path)
 
-    taken_paths, large, heavy_content, small_content = run(scenario)
-    assert (taken_paths, large) == ([small_path], False)
+    taken_paths, kind, heavy_content, small_content = run(scenario)
+    assert (taken_paths, kind) == ([small_path], "small")
     assert small_content == b"s"
     assert heavy_content == (b"1" * 100_000 if heavy == "many-messages" else b"L" * (1 << 20))
 
