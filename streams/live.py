@@ -176,6 +176,8 @@ class LiveHub:
         self._recent = RecentAppends()
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
+        # Set once the listener has tried to connect, whatever came of it.
+        self._tried = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set at shutdown: every reader ends, and readers arriving later end at once.
         self._closing = False
@@ -323,7 +325,7 @@ class LiveHub:
         """After a (re)connection: mark every watched stream again before its readers re-read,
         in case the marks ran out while the database was unreachable."""
         if self._subscriptions:
-            await self._mark_or_warn(list(self._subscriptions), "reconnect")
+            await self._renew_or_warn(list(self._subscriptions), "reconnect")
 
     def _wake_all(self) -> None:
         # Notifications may have been missed: what is kept can no longer be known complete.
@@ -386,17 +388,56 @@ class LiveHub:
                 if now - self._marked.get(stream_id, -WATCH_SECS) >= WATCH_REFRESH_SECS
             ]
             if due:
-                await self._mark_or_warn(due, "renew")
+                await self._renew_or_warn(due, "renew")
 
-    async def _mark_or_warn(self, stream_ids: list[int], reason: str) -> None:
-        """``_mark``, for the background work: a failure is logged, and the renewal (every
-        WATCH_CHECK_SECS) tries again."""
+    async def _renew_or_warn(self, stream_ids: list[int], reason: str) -> None:
+        """Mark again the streams of ``stream_ids`` whose rows nobody else holds (the others
+        are tried at the next check, every WATCH_CHECK_SECS; so is everything after a failure,
+        which is logged). The readers of a stream whose mark had run out read again."""
+        from streams.store.writes import renew_watches
+
+        began = time.monotonic()
         try:
-            await self._mark(stream_ids, reason)
+            renewed = await renew_watches(stream_ids, WATCH_SECS)
         except Exception as exc:  # noqa: BLE001 - tried again at the next check
+            metrics.WATCH_MARKS.labels(reason, "failed").inc()
             logger.warning(
                 "could not mark %d watched streams (%s): %s", len(stream_ids), reason, exc
             )
+            return
+        metrics.WATCH_MARKS.labels(reason, "marked").inc()
+        for stream_id, lapsed in renewed.items():
+            self._marked[stream_id] = began
+            if lapsed:
+                # Appends may have committed unnoticed: what is kept is not known complete.
+                self._seen.pop(stream_id, None)
+                self._recent.forget(stream_id)
+                for subscription in self._subscriptions.get(stream_id, ()):
+                    subscription.wake()
+
+    async def _poll(self) -> None:
+        """While nothing can be heard: read the tails of the streams watched here and wake the
+        readers of those that moved, as their notifications would have. The LISTEN connection
+        can fail while pooled ones serve (PostgreSQL out of connections): appends were stored
+        and acknowledged, and readers here heard nothing (long-polls answered 204 at the old
+        tail, SSE readers nothing for 30 s: probe 10i). Every reconnection attempt, so at
+        least every 2 s."""
+        from streams.store.reads import tails
+
+        if not self._subscriptions:
+            return
+        watched = list(self._subscriptions)
+        try:
+            found = await tails(watched)
+        except Exception as exc:  # noqa: BLE001 - read again at the next attempt
+            logger.debug("could not read the tails of watched streams: %s", exc)
+            return
+        for stream_id in watched:
+            tail = found.get(stream_id)
+            if tail is None:
+                self._changed(stream_id, -1, "d")
+            else:
+                self._changed(stream_id, tail[0], "c" if tail[1] else "o")
 
     def _on_notify(self, payload: str) -> None:
         """``"<id>:<next seq>:<o|c|d|t>"`` (open, closed, deleted, trimmed), and for small
@@ -435,18 +476,21 @@ class LiveHub:
         if self._listener is None or self._loop is not loop:
             self._loop = loop
             self._listening = asyncio.Event()
+            self._tried = asyncio.Event()
             self._listener = loop.create_task(self._listen(), name="ds-live-listener")
         if self._renewer is None or self._renewer.done() or self._renewer.get_loop() is not loop:
             # (Re)started whenever a reader subscribes: without renewals, marks run out and
             # other processes' appends stop reaching this process's readers.
             self._renewer = loop.create_task(self._renew(), name="ds-live-watch-renewal")
-        if wait and not self._listening.is_set():
+        if wait and not self._tried.is_set():
             # First subscriber: wait (briefly) until LISTEN is active, so that nothing committed
-            # between its read and its wait is missed. If the database is down, go on: the
-            # reconnect wakes everyone.
+            # between its read and its wait is missed. If it cannot be (the database is down,
+            # or out of connections), go on: the tails are read meanwhile (_poll), and the
+            # reconnect wakes everyone. (Every subscriber waited 5 s while it could not be:
+            # probe 10i.)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
-                    await self._listening.wait()
+                    await self._tried.wait()
 
     async def start(self, *, wait: bool = True) -> None:
         """Start listening now (at process start-up) rather than at the first reader; with
@@ -479,6 +523,7 @@ class LiveHub:
                     await conn.execute(f"LISTEN {heartbeat}")
                     self.last_heard = time.monotonic()
                     self._listening.set()
+                    self._tried.set()
                     await self._remark_all()
                     self._wake_all()
                     backoff = 0.1
@@ -488,9 +533,11 @@ class LiveHub:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 self._listening.clear()
+                self._tried.set()
                 stalled = isinstance(exc, ListenStalled)
                 metrics.LISTEN_RECONNECTS.labels("stalled" if stalled else "error").inc()
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                await self._poll()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 

@@ -135,6 +135,21 @@ async def stream_meta(path: str, *, touch: bool) -> StreamMeta:
     return _meta(path, await retried(attempt, "a read"))
 
 
+async def tails(stream_ids: list[int]) -> dict[int, tuple[int, bool]]:
+    """The next sequence number, and whether it is closed, of each of ``stream_ids`` that
+    still exists: what live delivery reads while notifications cannot reach it
+    (streams.live)."""
+    async with connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, next_seq, closed FROM ds_stream"
+            " WHERE id = ANY(%s::bigint[]) AND deleted_at IS NULL",
+            (stream_ids,),
+        )
+        return {
+            stream_id: (next_seq, closed) for stream_id, next_seq, closed in await cur.fetchall()
+        }
+
+
 async def read_from(
     path: str, start: Offset | None, max_bytes: int, max_messages: int
 ) -> tuple[StreamMeta, ReadResult]:

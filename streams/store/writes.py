@@ -206,6 +206,13 @@ async def watch_streams(stream_ids: list[int], seconds: float) -> None:
     await _execute("SELECT ds_watch_streams(%s::bigint[], %s)", (stream_ids, seconds))
 
 
+async def renew_watches(stream_ids: list[int], seconds: float) -> dict[int, bool]:
+    """Renew the marks of ``stream_ids`` whose rows nobody else holds: each renewed, with
+    whether its mark had run out (``ds_renew_watches``)."""
+    rows = await _execute("SELECT * FROM ds_renew_watches(%s::bigint[], %s)", (stream_ids, seconds))
+    return {stream_id: lapsed for stream_id, lapsed in rows}
+
+
 async def append_batch(
     path: str,
     requests: list[AppendRequest],

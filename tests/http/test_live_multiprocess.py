@@ -25,6 +25,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests.conftest import free_port
+
 DELIVERY_BOUND_SECONDS = 0.100
 JSON = {"Content-Type": "application/json"}
 ROUNDS = 7
@@ -415,3 +417,46 @@ def test_an_sse_reader_woken_once_by_an_append_and_a_close_ends_the_stream(
         reader.stop()
     assert [json.loads(data) for kind, data in seen if kind == "data"] == [[{"n": 1}]]
     assert json.loads(seen[-1][1]).get("streamClosed") is True
+
+
+def test_readers_get_other_processes_appends_while_nothing_can_be_heard(
+    start_server: Any,
+) -> None:
+    """Probe 10i: with PostgreSQL out of connections, the LISTEN connection could not be made
+    again while pooled ones served; appends through another process were acknowledged, and a
+    long-poll here answered 204 at the old tail at its timeout, an SSE reader got nothing.
+    Readers here now read the store while nothing can be heard. The LISTEN connection of both
+    processes goes to a port nobody listens on."""
+    env = {
+        "DS_DB__LISTEN_URL": f"postgres://postgres@127.0.0.1:{free_port()}/nowhere",
+        "DS_SERVER__LONG_POLL_TIMEOUT_SECS": "20",
+    }
+    reader, writer = start_server(env=env), start_server(env=env)
+    path = f"deaf/{time.time_ns()}"
+
+    async def run() -> tuple[httpx.Response, list[tuple[str, str]]]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            created = await http.put(writer.stream_url(path), headers=JSON)
+            assert created.status_code == 201
+            tail = created.headers["Stream-Next-Offset"]
+            long_poll = asyncio.ensure_future(
+                http.get(reader.stream_url(path), params={"offset": tail, "live": "long-poll"})
+            )
+            events: asyncio.Queue[tuple[str, str, float]] = asyncio.Queue()
+            sse = asyncio.ensure_future(_sse_events(http, reader.stream_url(path), tail, events))
+            await asyncio.sleep(6)  # both waiting (before, they waited 5 s for LISTEN first)
+            appended = await http.post(writer.stream_url(path), headers=JSON, content=b'{"n":1}')
+            assert appended.status_code == 204
+            answer = await long_poll
+            seen: list[tuple[str, str]] = []
+            async with asyncio.timeout(15):  # before: nothing until the reconnect interval
+                while not any(event == "data" for event, _ in seen):
+                    event, data, _ = await events.get()
+                    seen.append((event, data))
+            sse.cancel()
+            return answer, seen
+
+    answer, seen = asyncio.run(run())
+    assert answer.status_code == 200, (answer.status_code, dict(answer.headers))
+    assert answer.json() == [{"n": 1}]
+    assert [json.loads(data) for event, data in seen if event == "data"] == [[{"n": 1}]]

@@ -1044,3 +1044,34 @@ def test_a_batch_of_creates_that_creates_nothing_leaves_the_registry_alone(
 
     results = run(scenario)
     assert all(isinstance(r, CreateResult) and not r.created for r in results), results
+
+
+def test_watch_renewals_skip_a_held_row_and_say_which_marks_ran_out(
+    path: str, pg: Any, database_url: str
+) -> None:
+    """Probe 10i: the renewal of a process's watch marks locked every stream's row in one
+    statement, so one row another session held made it wait for the lock timeout and fail for
+    every stream; the marks ran out, and appends through other processes stopped reaching this
+    process's readers. A renewal (``writes.renew_watches``) skips a held row (renewed at the next
+    round) without waiting, and says whose mark had run out, so their readers read again."""
+    held, other, lapsed = (f"{path}-held", f"{path}-other", f"{path}-lapsed")
+
+    async def scenario() -> list[int]:
+        ids = [(await create(name)).stream_id for name in (held, other, lapsed)]
+        await writes.watch_streams(ids, 60)
+        return ids
+
+    ids = run(scenario)
+    pg.execute(
+        "UPDATE ds_stream SET watched_until = now() - interval '1 s' WHERE id = %s", [ids[2]]
+    )
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM ds_stream WHERE id = %s FOR UPDATE", [ids[0]])
+        renewed = run(lambda: writes.renew_watches(ids, 60))
+        holder.rollback()
+    assert renewed == {ids[1]: False, ids[2]: True}
+    marks = pg.execute(
+        "SELECT id, watched_until > now() + interval '50 s' FROM ds_stream WHERE id = ANY(%s)",
+        [ids],
+    ).fetchall()
+    assert dict(marks) == {ids[0]: True, ids[1]: True, ids[2]: True}

@@ -1135,3 +1135,26 @@ BEGIN
      WHERE t.id = w.id;
 END;
 $$;
+
+-- Renew marks, as ds_watch_streams makes them, of the streams whose rows nobody else holds: one
+-- row another session held made the renewal of every stream a process watched wait, time out
+-- and fail, and their marks ran out (probe 10i). A held row's mark is renewed at the next
+-- round. The streams renewed, each with whether its mark had run out: appends may have
+-- committed meanwhile without notifying, and its readers must read again.
+CREATE OR REPLACE FUNCTION ds_renew_watches(p_ids bigint[], p_seconds double precision)
+RETURNS TABLE (stream_id bigint, lapsed boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY
+    WITH w AS (
+        SELECT s.id, s.watched_until FROM ds_stream AS s
+         WHERE s.id = ANY(p_ids) ORDER BY s.path FOR UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE ds_stream AS t SET watched_until = now() + make_interval(secs => p_seconds)
+          FROM w WHERE t.id = w.id
+        RETURNING t.id, coalesce(w.watched_until <= now(), true)
+    )
+    SELECT * FROM renewed;
+END;
+$$;
