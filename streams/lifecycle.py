@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import functools
 import os
 import signal
 import time
@@ -37,13 +38,15 @@ from streams.services import retention
 from streams.store import maintenance
 from streams.store.failures import log_failure
 from streams.store.pool import close_pool, count_connections, get_pool
-from streams.store.schema import SchemaMismatch, verify_installed
+from streams.store.schema import SchemaMismatch, digest, verify_installed
 
 logger = logging.getLogger(__name__)
 
 Starter = Callable[[], None]
 # The pool's gauges are refreshed this often (seconds).
 POOL_GAUGE_SECS = 5.0
+# How often (seconds) the process checks that the database's SQL is still its code's.
+SCHEMA_RECHECK_SECS = 5.0
 Stopper = Callable[[], Any]
 
 _starters: list[Starter] = []
@@ -94,6 +97,34 @@ def on_startup(start: Starter, stop: Stopper | None = None) -> None:
         _stoppers.append(stop)
 
 
+@functools.cache
+def _code_digest() -> str:
+    return digest()
+
+
+async def _recheck_schema() -> None:
+    """Stop the process if the database's SQL is no longer this code's: another version's
+    ``migrate`` replaced it while this process served (probe 10u: an older version's, and
+    this one went on serving with the older rules; a newer version's, in a rolling deploy,
+    and the older processes answered 500s). Requests are refused meanwhile (503), and a
+    process started again refuses to start, saying which version to run."""
+    global schema_unchecked
+    if schema_unchecked:
+        return  # not checked yet: the late check (_verify_later) is the one to make
+    pool = await get_pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT digest FROM ds_sql_install")
+        row = await cur.fetchone()
+        if row is not None and row[0] == _code_digest():
+            return
+        try:
+            await verify_installed(conn)
+        except SchemaMismatch as exc:
+            schema_unchecked = True
+            logger.critical("refusing to serve: the database changed under this process: %s", exc)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 async def _count_pool() -> None:
     count_connections()
 
@@ -107,6 +138,7 @@ on_startup(
     _periodic("ds-retention-sweep", settings.DS_RETENTION_SWEEP_INTERVAL_SECS, retention.sweep)
 )
 on_startup(_periodic("ds-pool-gauges", POOL_GAUGE_SECS, _count_pool))
+on_startup(_periodic("ds-schema-recheck", SCHEMA_RECHECK_SECS, _recheck_schema))
 on_startup(_periodic("ds-metrics-flush", metrics.FLUSH_SECS, _flush_metrics))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from django.apps import AppConfig, apps
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
 from django.db import connections, transaction
 
 
@@ -61,7 +62,35 @@ def digest() -> str:
     return hasher.hexdigest()
 
 
+def unknown_migrations(applied: set[tuple[str, str]]) -> list[str]:
+    """Of the migrations ``applied`` to a database, those of this code's apps that this code
+    does not have: the database was migrated by a newer version."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    ours = {label for label, _ in loader.disk_migrations}
+    return sorted(
+        f"{label}.{name}"
+        for label, name in applied
+        if label in ours and (label, name) not in loader.disk_migrations
+    )
+
+
 def install_functions(using: str = "default") -> None:
+    """Install this code's SQL, unless the database was migrated by a newer version: an older
+    version's ``migrate`` (a rollback, or what its refusal to start advised) replaced the SQL
+    under the newer servers running, which went on serving with it (probe 10u: a state
+    stream's trim deleted its history again, the fix of the newer version undone)."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    applied = set(MigrationRecorder(connections[using]).applied_migrations())
+    newer = unknown_migrations(applied)
+    if newer:
+        raise CommandError(
+            f"the database was migrated by a newer version of the server ({', '.join(newer)}"
+            " unknown here): its SQL is left as it is; run that version, or restore a backup"
+            " taken before it"
+        )
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         for script in sql_scripts():
             cursor.execute(script.read_text())
@@ -93,9 +122,17 @@ async def verify_installed(conn: Any) -> None:
     expected = digest()
     if row is None or row[0] != expected:
         found = row[0][:12] if row else "nothing"
+        cur = await conn.execute("SELECT app, name FROM django_migrations")
+        newer = unknown_migrations({(app, name) for app, name in await cur.fetchall()})
+        advice = (
+            f"the database was migrated by a newer version ({', '.join(newer)} unknown here):"
+            " run that version"
+            if newer
+            else "run `manage.py migrate` with this version"
+        )
         raise SchemaMismatch(
             f"the database's SQL functions ({found}) are not this code's ({expected[:12]}):"
-            " run `manage.py migrate` with this version"
+            f" {advice}"
         )
     for type_name, outcomes in SQL_TYPES.items():
         cur = await conn.execute(f"SELECT enum_range(NULL::{type_name})::text[]")

@@ -397,3 +397,42 @@ def test_a_process_started_without_its_database_is_live_without_waiting_for_it(
     ]
     # Tried at 0, 0.1, 0.3, 0.7, 1.5 s...: 1-2 times by the first answer here, 7 before.
     assert sum(tries) <= 5, tries
+
+
+def test_a_database_whose_sql_another_version_replaced_is_not_served(
+    own_database: str, tmp_path: Path
+) -> None:
+    """Probe 10u: an older version's ``migrate`` (a rollback, or what its refusal to start
+    advised) installed its SQL under this version's running servers, which went on serving
+    with the older rules (a state stream's trim deleted its history again). A process stops
+    within seconds of its database's SQL ceasing to be its code's, refusing requests
+    meanwhile; and this version's ``migrate`` leaves alone the SQL of a database a newer
+    version migrated."""
+    server = ServerProcess(own_database, {}, tmp_path / "replaced.log", "uvicorn")
+    try:
+        with psycopg.connect(own_database, autocommit=True) as conn:
+            (ours,) = conn.execute("SELECT digest FROM ds_sql_install").fetchone()
+            # What another version's migrate leaves: its SQL, its digest.
+            conn.execute("UPDATE ds_sql_install SET digest = 'another version'")
+            deadline = time.monotonic() + 30
+            while server.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert server.process.poll() is not None, "still serving another version's SQL"
+            log = (tmp_path / "replaced.log").read_text()
+            assert "the database changed under this process" in log, log[-2000:]
+            conn.execute("UPDATE ds_sql_install SET digest = %s", [ours])
+            # A newer version's migration recorded: this version's migrate refuses, and
+            # installs nothing.
+            conn.execute(
+                "INSERT INTO django_migrations (app, name, applied)"
+                " VALUES ('streams', '9999_from_a_newer_version', now())"
+            )
+            conn.execute("UPDATE ds_sql_install SET digest = 'a newer version'")
+            migrated = manage(own_database, "migrate", "--no-input", "-v", "0")
+            assert migrated.returncode != 0
+            assert "migrated by a newer version" in migrated.stderr, migrated.stderr[-2000:]
+            assert "streams.9999_from_a_newer_version" in migrated.stderr
+            (digest,) = conn.execute("SELECT digest FROM ds_sql_install").fetchone()
+            assert digest == "a newer version"
+    finally:
+        server.stop()
