@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
-import functools
 import os
 import signal
 import time
