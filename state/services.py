@@ -162,13 +162,24 @@ def unregister_state_stream(*, path: str) -> None:
         EntityState.objects.filter(stream=stream).delete()
 
 
-def rebuild_state_stream(*, path: str, progress: Progress | None = None) -> RebuildResult:
-    """Recompute a registered stream's state from its first message."""
+def rebuild_state_stream(
+    *, path: str, progress: Progress | None = None, allow_trimmed: bool = False
+) -> RebuildResult:
+    """Recompute a registered stream's state from its first message. A stream whose start was
+    trimmed (before it was registered, or by a version that let clients trim state streams)
+    is refused unless ``allow_trimmed``: rebuilt from what is left, the entities the trimmed
+    events set were dropped without a word (probe 10u: 10 entities became 3)."""
     with one_rebuild_at_a_time(), transaction.atomic():
         stream = locked_stream(path)
         registration = StateStream.objects.filter(stream=stream).first()
         if registration is None:
             raise NotFound(f"stream {path!r} is not a state stream")
+        if stream.first_seq > 0 and not allow_trimmed:
+            raise Conflict(
+                f"stream {path!r} was trimmed: its first {stream.first_seq} events are gone,"
+                " and a rebuild from what is left would drop the entities they set"
+                " (allow it to rebuild anyway)"
+            )
         registration.stream = stream
         with checker.answered("the stream's history"):
             return rebuild(registration, progress)

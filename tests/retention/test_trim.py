@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.access.support import bearer, create_key
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, manage
 from tests.retention.support import (
     BEGINNING,
     JSON,
@@ -257,3 +257,26 @@ def test_a_registered_state_stream_is_not_trimmed(client: httpx.Client, stream_p
     assert [event["key"] for event in read.json()] == ["a", "b", "c"]
     assert client.delete(f"/v1/state/streams/{stream_path}").status_code == 204
     assert trim(client, stream_path, tail).status_code == 204
+
+
+def test_a_rebuild_of_a_trimmed_state_stream_asks_before_dropping_state(
+    client: httpx.Client, stream_path: str, database_url: str
+) -> None:
+    """Probe 10u: a state stream a client trimmed under an older version (which let them),
+    rebuilt with ``materialize_state --rebuild``, kept only the entities of the events left:
+    10 became 3, without a word. A stream whose start was trimmed (there, or before it was
+    registered, as here) is rebuilt only when the operator says so."""
+    create_json_stream(client, stream_path)
+    tail = append_ok(client, stream_path, [change("t", "a", 1), change("t", "b", 2)])
+    append_ok(client, stream_path, [change("t", "c", 3)])
+    assert trim(client, stream_path, tail).status_code == 204
+    assert register(client, stream_path).status_code == 201
+    refused = manage(database_url, "materialize_state", "--stream", stream_path, "--rebuild")
+    assert refused.returncode != 0
+    assert "was trimmed" in refused.stderr, refused.stderr[-1000:]
+    rebuilt = manage(
+        database_url, "materialize_state", "--stream", stream_path, "--rebuild",
+        "--allow-trimmed-history",
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-1000:]
+    assert "1 events -> 1 entities" in rebuilt.stdout

@@ -29,6 +29,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rebuild", action="store_true", help="recompute from the first message"
         )
+        parser.add_argument(
+            "--allow-trimmed-history", action="store_true",
+            help="rebuild a stream whose start was trimmed (what its trimmed events set is lost)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         paths = options["streams"] or list(
@@ -40,13 +44,13 @@ class Command(BaseCommand):
         for path in paths:
             try:
                 if options["rebuild"]:
-                    self._rebuild(path)
+                    self._rebuild(path, options["allow_trimmed_history"])
                 else:
                     self._catch_up(path)
             except ProtocolError as exc:
                 raise CommandError(f"{path}: {exc.message}") from None
 
-    def _rebuild(self, path: str) -> None:
+    def _rebuild(self, path: str, allow_trimmed: bool) -> None:
         started = time.monotonic()
 
         def progress(done: int, total: int) -> None:
@@ -54,7 +58,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  {path}: {done}/{total} events ({percent:.0f}%)")
 
         self.stdout.write(f"Rebuilding {path} ...")
-        result = rebuild_state_stream(path=path, progress=progress)
+        result = rebuild_state_stream(path=path, progress=progress, allow_trimmed=allow_trimmed)
         elapsed = time.monotonic() - started
         self.stdout.write(
             self.style.SUCCESS(
