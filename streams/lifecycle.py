@@ -118,7 +118,9 @@ async def _recheck_schema() -> None:
         if row is not None and row[0] == _code_digest():
             return
         try:
-            await verify_installed(conn)
+            # Against the SQL this process started with: the files may be another version's
+            # by now (a deploy that replaced the code, its processes not restarted yet: review).
+            await verify_installed(conn, _code_digest())
         except SchemaMismatch as exc:
             schema_unchecked = True
             logger.critical("refusing to serve: the database changed under this process: %s", exc)
@@ -185,7 +187,7 @@ async def _verify_schema(*, timeout: float) -> None:
     global schema_unchecked
     pool = await get_pool()
     async with pool.connection(timeout=timeout) as conn:
-        await verify_installed(conn)
+        await verify_installed(conn, _code_digest())
     schema_unchecked = False
 
 

@@ -42,7 +42,7 @@ from streams import metrics
 from streams.errors import ProtocolError, ServiceUnavailable
 from streams.store.failures import refusal_for
 from streams.store.types import AppendRequest, AppendResult
-from streams.store.writes import append_batch, append_batches
+from streams.store.writes import append_batch, append_batches, held_streams
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ LOCK_SLICE_MS = 1000
 # Transactions of contended streams in flight at once per process (each holds a connection
 # while it waits for its lock).
 MAX_CONTENDED_TRANSACTIONS = 1
+# How long (seconds) a stream that missed its lock stays contended without appends waiting.
+CONTENDED_MEMORY_SECS = 60.0
 
 Pending = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
 # The slot a transaction takes: of small appends, of large ones, or of a contended stream.
@@ -103,6 +105,10 @@ _queues: dict[str, _StreamQueue] = {}
 # contended ones apart.
 _ready: dict[str, None] = {}
 _contended_ready: dict[str, None] = {}
+# When each stream last missed its lock (time.monotonic()), until one of its batches gets it:
+# at most MAX_CONTENDED_LATELY of them (all forgotten when full).
+_contended_lately: dict[str, float] = {}
+MAX_CONTENDED_LATELY = 10_000
 # Transactions in flight: of small appends (at most max_transactions(): fewer, larger batches
 # cost less CPU per append) and of large data (up to the pool's size less two: writing a MiB
 # takes PostgreSQL milliseconds, and large appends to different streams run in parallel).
@@ -133,9 +139,7 @@ async def append(request: AppendRequest) -> AppendResult:
     # If the client leaves, nobody awaits the outcome: mark it retrieved to keep logs quiet.
     future.add_done_callback(lambda f: f.cancelled() or f.exception())
     request.queued_at = time.monotonic()
-    queue = _queues.get(request.path)
-    if queue is None:
-        queue = _queues[request.path] = _StreamQueue()
+    queue = _queues.get(request.path) or _new_queue(request.path)
     queue.pending.append((request, future))
     if not queue.running:
         _make_ready(request.path, queue)
@@ -166,9 +170,7 @@ async def append_together(requests: list[AppendRequest]) -> list[Result]:
     started = time.perf_counter()
     futures: list[asyncio.Future[AppendResult]] = []
     path = requests[0].path
-    queue = _queues.get(path)
-    if queue is None:
-        queue = _queues[path] = _StreamQueue()
+    queue = _queues.get(path) or _new_queue(path)
     queued_at = time.monotonic()
     for request in requests:
         assert request.path == path, "appends together are to one stream"
@@ -190,6 +192,20 @@ async def append_together(requests: list[AppendRequest]) -> list[Result]:
         else:
             raise outcome
     return results
+
+
+def _new_queue(path: str) -> _StreamQueue:
+    """A stream's queue, contended from the start when its lock was missed lately: a queue
+    emptied by its 503s forgot it, and the next append to the held row was written with other
+    streams again, or in the write slot, each time holding them up a slice (review)."""
+    queue = _queues[path] = _StreamQueue()
+    missed = _contended_lately.get(path)
+    if missed is not None:
+        if time.monotonic() - missed < CONTENDED_MEMORY_SECS:
+            queue.contended = True
+        else:
+            del _contended_lately[path]
+    return queue
 
 
 def _make_ready(path: str, queue: _StreamQueue) -> None:
@@ -286,12 +302,12 @@ async def _write(batches: list[Batch], kind: Kind) -> None:
     global _in_flight, _in_flight_large, _in_flight_contended
     try:
         metrics.BATCH_REQUESTS.observe(sum(len(batch) for _, batch in batches))
-        outcomes = await _outcomes(batches)
+        outcomes, held = await _outcomes(batches)
         for (path, batch), (results, unreachable) in zip(batches, outcomes, strict=True):
             if results is None:
-                _requeue(path, batch)
+                _requeue(path, batch, contended=path in held)
             else:
-                _settled(_queues[path])
+                _settled(path, _queues[path])
                 _conclude(path, batch, results, unreachable)
     finally:
         if kind == "large":
@@ -311,14 +327,19 @@ async def _write(batches: list[Batch], kind: Kind) -> None:
 
 
 def _forget(path: str, queue: _StreamQueue) -> None:
-    """A stream with nothing waiting and nothing in flight."""
-    _settled(queue)
+    """A stream with nothing waiting and nothing in flight (contended lately or not:
+    ``_contended_lately``)."""
+    if queue.expiry is not None:
+        queue.expiry.cancel()
+        queue.expiry = None
     del _queues[path]
 
 
-def _settled(queue: _StreamQueue) -> None:
+def _settled(path: str, queue: _StreamQueue) -> None:
     """Its last batch got its locks: no longer contended."""
-    queue.contended = False
+    if queue.contended:
+        queue.contended = False
+        _contended_lately.pop(path, None)
     if queue.expiry is not None:
         queue.expiry.cancel()
         queue.expiry = None
@@ -326,29 +347,34 @@ def _settled(queue: _StreamQueue) -> None:
 
 async def _outcomes(
     batches: list[Batch],
-) -> list[tuple[list[Result] | None, ServiceUnavailable | None]]:
-    """Each batch's results (None: its stream's lock was not had in a slice, nothing written),
-    and the error that says the database is unreachable, if so."""
+) -> tuple[list[tuple[list[Result] | None, ServiceUnavailable | None]], set[str]]:
+    """Each batch's results (None: written in no transaction, to be tried again) and the
+    error that says the database is unreachable, if so; and the streams whose locks were held
+    (contended: their batches were not written)."""
     requests = [[request for request, _ in batch] for _, batch in batches]
+    paths = [path for path, _ in batches]
     if len(batches) > 1:
         try:
             written = await append_batches(
-                [(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)],
+                list(zip(paths, requests, strict=True)),
                 max_stream_bytes=settings.DS_MAX_STREAM_BYTES,
                 lock_wait_ms=_lock_slice_ms(),
             )
-            return [(results, None) for results in written]
+            return [(results, None) for results in written], set()
         except ServiceUnavailable as unreachable:
-            return [([unreachable] * len(reqs), unreachable) for reqs in requests]
+            return [([unreachable] * len(reqs), unreachable) for reqs in requests], set()
         except psycopg.errors.LockNotAvailable:
-            # Some stream's lock (or a table's) was not had in the slice: every batch goes back,
-            # each stream to be tried alone, in the slot of contended ones. (Tried alone here,
-            # one after another, each took the slot for a slice: appends to a locked table
-            # answered up to 34 s past the lock timeout, probe 10i.)
-            return [(None, None) for _ in batches]
+            # Some lock was not had in the slice: every batch goes back, the streams whose
+            # rows are held contended (tried alone, in their own slot), the others to the next
+            # transaction. (All contended, the streams not held waited a slice behind each
+            # held one: 9 s with 8 rows held, review.) No row held: a table is, all wait.
+            held = await held_streams(paths, lock_wait_ms=_lock_slice_ms())
+            return [(None, None) for _ in batches], held or set(paths)
         except Exception:  # noqa: BLE001 - some batch failed: each is judged alone now
             logger.warning("a transaction of %d streams failed; writing each alone", len(batches))
-    return [await _alone(path, reqs) for (path, _), reqs in zip(batches, requests, strict=True)]
+    outcomes = [await _alone(path, reqs) for path, reqs in zip(paths, requests, strict=True)]
+    held = {path for path, (results, _) in zip(paths, outcomes, strict=True) if results is None}
+    return outcomes, held
 
 
 def _lock_slice_ms() -> int:
@@ -377,14 +403,18 @@ async def _alone(
         return await _after_failure(path, requests, exc), unreachable
 
 
-def _requeue(path: str, batch: list[Pending]) -> None:
-    """A batch that did not get a lock it needs in a slice: back to the head of its stream's
-    queue, the stream contended (written alone, in its own slot), what has waited the lock
-    timeout answered 503 (``_expire``)."""
+def _requeue(path: str, batch: list[Pending], *, contended: bool) -> None:
+    """A batch written in no transaction: back to the head of its stream's queue. When the
+    stream's lock was held, the stream is contended (written alone, in its own slot) and what
+    has waited the lock timeout answers 503 (``_expire``)."""
     queue = _queues[path]
-    queue.contended = True
     queue.pending[:0] = batch
-    _expire(path)
+    if contended:
+        queue.contended = True
+        if len(_contended_lately) >= MAX_CONTENDED_LATELY:
+            _contended_lately.clear()
+        _contended_lately[path] = time.monotonic()
+        _expire(path)
 
 
 def _expire(path: str) -> None:

@@ -105,11 +105,12 @@ class SchemaMismatch(ImproperlyConfigured):
     pass
 
 
-async def verify_installed(conn: Any) -> None:
+async def verify_installed(conn: Any, expected: str | None = None) -> None:
     """Refuse to run against a database whose SQL functions are not this code's (a deploy
     without ``migrate``, or a database migrated by another version): the write path's rules
     live in those functions. Also checks that the outcome types hold exactly the outcomes
-    Python maps (streams.store.outcomes)."""
+    Python maps (streams.store.outcomes). ``expected``: the digest of the SQL the process
+    started with (else of the files on disk now: a deploy may have replaced them since)."""
     from streams.store.outcomes import SQL_TYPES
 
     try:
@@ -119,7 +120,7 @@ async def verify_installed(conn: Any) -> None:
             "the database holds none of the server's tables: run `manage.py migrate`"
         ) from None
     row = await cur.fetchone()
-    expected = digest()
+    expected = expected or digest()
     if row is None or row[0] != expected:
         found = row[0][:12] if row else "nothing"
         cur = await conn.execute("SELECT app, name FROM django_migrations")

@@ -229,6 +229,13 @@ async def append_batch(
     return _append_results(requests, rows)
 
 
+async def held_streams(paths: list[str], *, lock_wait_ms: int) -> set[str]:
+    """Of the streams at ``paths``, those whose rows another transaction holds now
+    (``ds_held_streams``)."""
+    rows = await _execute("SELECT ds_held_streams(%s::text[], %s)", (paths, lock_wait_ms))
+    return {path for (path,) in rows}
+
+
 async def append_batches(
     batches: list[tuple[str, list[AppendRequest]]],
     *,

@@ -62,6 +62,24 @@ BEGIN
 END;
 $$;
 
+-- Of the streams at p_paths, those whose rows another transaction holds now, waiting for none
+-- of them, and at most p_ms for the table itself (locked: all of them). Group commit asks after
+-- a transaction of several streams missed a lock (streams.store.group_commit).
+CREATE OR REPLACE FUNCTION ds_held_streams(p_paths text[], p_ms int) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_free text[];
+BEGIN
+    PERFORM set_config('lock_timeout', p_ms || 'ms', true);
+    SELECT coalesce(array_agg(f.path), '{}') INTO v_free
+      FROM (SELECT s.path FROM ds_stream AS s WHERE s.path = ANY(p_paths)
+             FOR UPDATE SKIP LOCKED) AS f;
+    RETURN QUERY SELECT p FROM unnest(p_paths) AS p WHERE p <> ALL(v_free);
+EXCEPTION WHEN lock_not_available THEN
+    RETURN QUERY SELECT unnest(p_paths);
+END;
+$$;
+
 -- Tell live readers a stream is gone: "<id>:-1:d" (streams/live.py).
 CREATE OR REPLACE FUNCTION ds_notify_deleted(p_stream_id bigint) RETURNS void
 LANGUAGE sql AS $$
