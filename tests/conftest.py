@@ -323,3 +323,21 @@ def pg(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     """A direct connection to the test database, for assertions on what is stored."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def own_database(database_url: str) -> Iterator[str]:
+    """A migrated database of this test's own (its statistics count only what the test's
+    server does; its settings are the test's to change)."""
+    name = f"own_{os.getpid()}_{time.time_ns()}"
+    admin = database_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = database_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        migrated = manage(url, "migrate", "--no-input", "-v", "0")
+        assert migrated.returncode == 0, migrated.stderr
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

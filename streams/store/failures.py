@@ -32,6 +32,13 @@ def refusal_for(exc: BaseException) -> ProtocolError | None:
         return PayloadTooLarge(f"the request exceeds a limit of the store (SQLSTATE {sqlstate})")
     if sqlstate in ("57014", "55P03"):  # statement or lock timeout
         return ServiceUnavailable("the store is busy; retry later")
+    # Insufficient resources: the disk full, out of memory or connections, a limit such as
+    # temp_file_limit. Nobody's input is at fault, and it passes when the operator acts: a
+    # 500 and a traceback for every request was a log flood on a full disk (probe 10j).
+    if sqlstate.startswith("53"):
+        return ServiceUnavailable(
+            f"the store is out of resources (SQLSTATE {sqlstate}); retry later"
+        )
     # A deadlock or serialization failure that retries did not get past (streams.store.
     # conflicts): nothing was done, the request may be sent again.
     if sqlstate in ("40P01", "40001"):

@@ -398,5 +398,12 @@ def is_connection_failure(exc: BaseException) -> bool:
         return False
     sqlstate = getattr(exc, "sqlstate", None)
     # No SQLSTATE: the client library lost the connection. Class 08: connection exceptions.
-    # 57P01-57P03: the server is shutting down, crashed or is not accepting connections yet.
-    return sqlstate is None or sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")
+    # 57P01-57P05: the server is shutting down, crashed, is not accepting connections yet, the
+    # database was dropped, or the session was idle past idle_session_timeout; 25P03: idle in
+    # a transaction past its timeout (these two closed the connection, and were a 500: probe
+    # 10j).
+    return (
+        sqlstate is None
+        or sqlstate.startswith("08")
+        or sqlstate in ("57P01", "57P02", "57P03", "57P04", "57P05", "25P03")
+    )

@@ -152,24 +152,6 @@ def _two_hundred_clients(server: ServerProcess, database_url: str) -> tuple[list
     return statuses, _connections(database_url) - before
 
 
-@pytest.fixture
-def own_database(database_url: str) -> Iterator[str]:
-    """A migrated database of this test's own, so the statistics of its commits count only
-    what the test's server does."""
-    name = f"idle_{os.getpid()}_{time.time_ns()}"
-    admin = database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = database_url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        migrated = manage(url, "migrate", "--no-input", "-v", "0")
-        assert migrated.returncode == 0, migrated.stderr
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def test_idle_sse_readers_cost_no_queries(own_database: str, tmp_path: Path) -> None:
     """Defect 12: an idle SSE connection re-read the database at every keep-alive (every 15 s,
     133 queries/s at 2,000 readers). Now keep-alives are comments and nothing more: 20 idle
