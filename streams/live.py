@@ -31,6 +31,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -63,6 +64,8 @@ WATCH_SECS = 60.0
 WATCH_REFRESH_SECS = 20.0
 # How often the marks of streams still watched are checked for renewal (seconds).
 WATCH_CHECK_SECS = 5.0
+# How long (ms) the mark of a stream whose row renewals kept finding held waits for it.
+URGENT_MARK_WAIT_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +417,26 @@ class LiveHub:
                 self._recent.forget(stream_id)
                 for subscription in self._subscriptions.get(stream_id, ()):
                     subscription.wake()
+        # A row busy with other processes' appends can be skipped at every check until its
+        # mark runs out (review): one whose mark would run out before two more checks is marked
+        # waiting for its row a moment, one at a time.
+        soon = began - (WATCH_SECS - 2 * WATCH_CHECK_SECS)
+        for stream_id in stream_ids:
+            if stream_id not in renewed and self._marked.get(stream_id, -math.inf) <= soon:
+                await self._mark_briefly(stream_id, reason)
+
+    async def _mark_briefly(self, stream_id: int, reason: str) -> None:
+        from streams.store.writes import watch_streams
+
+        began = time.monotonic()
+        try:
+            await watch_streams([stream_id], WATCH_SECS, lock_wait_ms=URGENT_MARK_WAIT_MS)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next check
+            metrics.WATCH_MARKS.labels(reason, "failed").inc()
+            logger.warning("could not mark watched stream %d (%s): %s", stream_id, reason, exc)
+            return
+        metrics.WATCH_MARKS.labels(reason, "marked").inc()
+        self._marked[stream_id] = began
 
     async def _poll(self) -> None:
         """While nothing can be heard: read the tails of the streams watched here and wake the

@@ -200,10 +200,16 @@ async def delete_stream(path: str) -> DeleteOutcome:
     return outcome
 
 
-async def watch_streams(stream_ids: list[int], seconds: float) -> None:
+async def watch_streams(
+    stream_ids: list[int], seconds: float, *, lock_wait_ms: int | None = None
+) -> None:
     """Mark ``stream_ids`` watched for ``seconds`` (from now, the database's clock):
-    ``ds_watch_streams``, which says why this cannot deadlock and need not be durable."""
-    await _execute("SELECT ds_watch_streams(%s::bigint[], %s)", (stream_ids, seconds))
+    ``ds_watch_streams``, which says why this cannot deadlock and need not be durable.
+    ``lock_wait_ms``: wait at most that long for the rows (else the session's lock timeout)."""
+    ids = "{" + ",".join(map(str, stream_ids)) + "}"
+    await _execute(
+        "SELECT ds_watch_streams(ds_lock_wait(%s, %s)::bigint[], %s)", (ids, lock_wait_ms, seconds)
+    )
 
 
 async def renew_watches(stream_ids: list[int], seconds: float) -> dict[int, bool]:

@@ -1075,3 +1075,33 @@ def test_watch_renewals_skip_a_held_row_and_say_which_marks_ran_out(
         [ids],
     ).fetchall()
     assert dict(marks) == {ids[0]: True, ids[1]: True, ids[2]: True}
+
+
+def test_a_watch_mark_about_to_run_out_waits_for_its_busy_row(
+    path: str, pg: Any, database_url: str
+) -> None:
+    """Review: a row busy with other processes' appends can be found held at every renewal
+    until its mark runs out, and then appends through those processes stop notifying this
+    one's readers. A mark that would run out before two more checks waits for its row a
+    moment (here the row is held for 0.3 s)."""
+    from streams.live import WATCH_SECS, LiveHub, Subscription
+
+    async def scenario() -> tuple[float, float]:
+        stream_id = (await create(path)).stream_id
+        await writes.watch_streams([stream_id], 60)
+        hub = LiveHub()
+        hub._subscriptions[stream_id] = {Subscription()}
+        hub._marked[stream_id] = time.monotonic() - (WATCH_SECS - 5)  # runs out in 5 s
+        before = hub._marked[stream_id]
+        with psycopg.connect(database_url) as holder:
+            holder.execute("SELECT 1 FROM ds_stream WHERE id = %s FOR UPDATE", [stream_id])
+            asyncio.get_running_loop().call_later(0.3, holder.rollback)
+            await hub._renew_or_warn([stream_id], "renew")
+        return before, hub._marked[stream_id]
+
+    before, after = run(scenario)
+    assert after > before, "the mark was not renewed"
+    (renewed,) = pg.execute(
+        "SELECT watched_until > now() + interval '50 s' FROM ds_stream WHERE path = %s", [path]
+    ).fetchone()
+    assert renewed
