@@ -64,8 +64,11 @@ WATCH_SECS = 60.0
 WATCH_REFRESH_SECS = 20.0
 # How often the marks of streams still watched are checked for renewal (seconds).
 WATCH_CHECK_SECS = 5.0
-# How long (ms) the mark of a stream whose row renewals kept finding held waits for it.
+# How long (ms) the mark of a stream whose row renewals kept finding held waits for it, how
+# many such marks a check makes at most, and at once.
 URGENT_MARK_WAIT_MS = 1000
+URGENT_MARKS_PER_CHECK = 8
+URGENT_MARKS_AT_ONCE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,23 +415,39 @@ class LiveHub:
         for stream_id, lapsed in renewed.items():
             self._marked[stream_id] = began
             if lapsed:
-                # Appends may have committed unnoticed: what is kept is not known complete.
-                self._seen.pop(stream_id, None)
-                self._recent.forget(stream_id)
-                for subscription in self._subscriptions.get(stream_id, ()):
-                    subscription.wake()
+                self._heard_nothing(stream_id)
         # A row busy with other processes' appends can be skipped at every check until its
-        # mark runs out (review): one whose mark would run out before two more checks is marked
-        # waiting for its row a moment, one at a time.
+        # mark runs out (review): those whose marks would run out before two more checks are
+        # marked waiting for their rows a moment, the oldest first, a few at once, so that
+        # rows held for long do not hold the renewal of the others (review).
         soon = began - (WATCH_SECS - 2 * WATCH_CHECK_SECS)
-        for stream_id in stream_ids:
-            if stream_id not in renewed and self._marked.get(stream_id, -math.inf) <= soon:
+        urgent = sorted(
+            (marked, stream_id)
+            for stream_id in stream_ids
+            if stream_id not in renewed
+            and (marked := self._marked.get(stream_id, -math.inf)) <= soon
+        )
+        gate = asyncio.Semaphore(URGENT_MARKS_AT_ONCE)
+
+        async def mark(stream_id: int) -> None:
+            async with gate:
                 await self._mark_briefly(stream_id, reason)
+
+        await asyncio.gather(*(mark(i) for _, i in urgent[:URGENT_MARKS_PER_CHECK]))
+
+    def _heard_nothing(self, stream_id: int) -> None:
+        """The stream's mark had run out: appends may have committed unnoticed, so what is
+        kept is not known complete, and its readers read again."""
+        self._seen.pop(stream_id, None)
+        self._recent.forget(stream_id)
+        for subscription in self._subscriptions.get(stream_id, ()):
+            subscription.wake()
 
     async def _mark_briefly(self, stream_id: int, reason: str) -> None:
         from streams.store.writes import watch_streams
 
         began = time.monotonic()
+        lapsed = began - self._marked.get(stream_id, -math.inf) >= WATCH_SECS - 1
         try:
             await watch_streams([stream_id], WATCH_SECS, lock_wait_ms=URGENT_MARK_WAIT_MS)
         except Exception as exc:  # noqa: BLE001 - tried again at the next check
@@ -437,6 +456,8 @@ class LiveHub:
             return
         metrics.WATCH_MARKS.labels(reason, "marked").inc()
         self._marked[stream_id] = began
+        if lapsed:
+            self._heard_nothing(stream_id)
 
     async def _poll(self) -> None:
         """While nothing can be heard: read the tails of the streams watched here and wake the

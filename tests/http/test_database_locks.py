@@ -286,3 +286,85 @@ def test_a_stream_whose_row_stays_held_stays_contended(
     assert retries == [503] * 5
     # Milliseconds each, for five seconds: hundreds (before: about one a retry).
     assert appended > 50, appended
+
+
+def test_appends_of_streams_contended_lately_answer_at_their_lock_timeout(
+    start_server: Any, database_url: str
+) -> None:
+    """Review: a stream remembered as contended starts its next queue contended, and that
+    queue had no timer: its appends waited their turn in the contended slot, a slice behind
+    every other contended stream, past the lock timeout (7 of 68 answered 204 after two lock
+    timeouts, once the lock went). Here eight streams are appended to again after every answer
+    while ``ds_message`` is locked for 10 s; nothing is sent after 6 s, so with a 2 s lock
+    timeout every append is answered 503 before the lock goes."""
+    server: ServerProcess = start_server(
+        env={"DS_DB__LOCK_TIMEOUT_SECS": "2", "DS_DB__WRITE_TRANSACTIONS": "1"}
+    )
+    stamp = time.time_ns()
+    paths = [f"lately-{n}/{stamp}" for n in range(8)]
+
+    async def run(locker: psycopg.Connection[Any]) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for path in paths:
+                assert (await http.put(server.stream_url(path), headers=TEXT)).status_code == 201
+            locker.execute("LOCK TABLE ds_message IN ACCESS EXCLUSIVE MODE")
+            stop_sending = time.monotonic() + 6
+            statuses: list[int] = []
+
+            async def keep_appending(path: str) -> None:
+                while time.monotonic() < stop_sending:
+                    post = http.post(server.stream_url(path), headers=TEXT, content=b"x")
+                    statuses.append((await post).status_code)
+
+            sending = asyncio.gather(*(keep_appending(path) for path in paths))
+            await asyncio.sleep(10)
+            locker.rollback()
+            await sending
+            return statuses
+
+    with psycopg.connect(database_url) as locker:
+        statuses = asyncio.run(run(locker))
+    assert statuses and set(statuses) == {503}, statuses
+
+
+def test_appends_are_answered_when_the_question_of_held_rows_fails(
+    start_server: Any, database_url: str
+) -> None:
+    """Review: after a transaction of several streams missed a lock, the question of which
+    rows are held (``ds_held_streams``) failing (cancelled here by an operator, or its
+    connection cut) left the transaction's appends in no queue, never answered. They are
+    answered now: 503 at their lock timeout, or stored once the lock goes."""
+    server: ServerProcess = start_server(
+        env={"DS_DB__LOCK_TIMEOUT_SECS": "3", "DS_DB__WRITE_TRANSACTIONS": "1"}
+    )
+    stamp = time.time_ns()
+    paths = [f"asked-{n}/{stamp}" for n in range(6)]
+
+    async def run(locker: psycopg.Connection[Any], admin: psycopg.Connection[Any]) -> list[int]:
+        async with httpx.AsyncClient(timeout=20) as http:
+            for path in paths:
+                assert (await http.put(server.stream_url(path), headers=TEXT)).status_code == 201
+            # The rows cannot be locked while the table is, and the question waits for it.
+            locker.execute("LOCK TABLE ds_stream IN EXCLUSIVE MODE")
+            posts = [
+                asyncio.create_task(http.post(server.stream_url(path), headers=TEXT, content=b"x"))
+                for path in paths
+            ]
+            cancelled = 0
+            async with asyncio.timeout(10):
+                while not cancelled:
+                    await asyncio.sleep(0.05)
+                    cancelled = admin.execute(
+                        "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
+                        " WHERE query LIKE 'SELECT ds_held_streams%%'"
+                    ).fetchone()[0]
+            await asyncio.sleep(4)
+            locker.rollback()
+            return [response.status_code for response in await asyncio.gather(*posts)]
+
+    with (
+        psycopg.connect(database_url) as locker,
+        psycopg.connect(database_url, autocommit=True) as admin,
+    ):
+        statuses = asyncio.run(run(locker, admin))
+    assert len(statuses) == len(paths) and set(statuses) <= {204, 503}, statuses
