@@ -18,7 +18,7 @@ from django.conf import settings
 from streams import metrics
 from streams.errors import ServiceUnavailable
 from streams.store.failures import log_failure
-from streams.store.pool import connection
+from streams.store.pool import background_connection, connection
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ async def catch_up(stream_id: int) -> int:
     """Apply everything up to the stream's tail now; returns the messages applied."""
     total = 0
     while True:
-        async with connection() as conn:
+        async with background_connection() as conn:
             cur = await conn.execute("SELECT ds_state_catch_up(%s, %s, false)", (stream_id, CHUNK))
             row = await cur.fetchone()
         applied = row[0] if row else 0

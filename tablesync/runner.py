@@ -29,7 +29,7 @@ from streams import extensions
 from streams.errors import ServiceUnavailable
 from streams.live import hub
 from streams.store.failures import log_failure
-from streams.store.pool import connection
+from streams.store.pool import background_connection, connection
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ async def run_sink(sink_id: int) -> int | None:
     batch = int(settings.DS_TABLESYNC_SINK_BATCH_MESSAGES)
     total = 0
     while True:
-        async with connection() as conn:
+        async with background_connection() as conn:
             cur = await conn.execute("SELECT ds_sink_run(%s, %s)", (sink_id, batch))
             row = await cur.fetchone()
         applied = row[0] if row else 0

@@ -216,9 +216,24 @@ def _maybe_schedule(stream_id: int) -> None:
     task.add_done_callback(_tasks.discard)
 
 
+def _gate() -> asyncio.Semaphore:
+    """Compactions running at once in this process: one. Each takes one of Django's pooled
+    connections (four by default) for as long as it runs, locks included: ten documents whose
+    rows an operator held made the admin and the REST API answer 503 (probe 10l)."""
+    global _compactions
+    loop = asyncio.get_running_loop()
+    if _compactions is None or _compactions[0] is not loop:
+        _compactions = (loop, asyncio.Semaphore(1))
+    return _compactions[1]
+
+
+_compactions: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+
 async def _compact_soon(stream_id: int) -> None:
     try:
-        result = await asyncio.to_thread(compact_in_thread, stream_id)
+        async with _gate():
+            result = await asyncio.to_thread(compact_in_thread, stream_id)
         if isinstance(result, CompactionFailure):
             # Logged and recorded when it happened. Look again (a cheap read of that record,
             # unless someone has compacted it since) only after another threshold of updates.

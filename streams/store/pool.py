@@ -383,6 +383,51 @@ def _give_back(pool: AsyncConnectionPool, waiter: asyncio.Future[AsyncConnection
     task.add_done_callback(_giving_back.discard)
 
 
+class background_connection:
+    """A pooled connection for background work of which many tasks run at once (one per state
+    stream, one per sink): at most ``background_connections()`` of them at a time per process,
+    so that, each waiting for a lock up to the lock timeout, they cannot take the connections
+    requests need (probe 10l: 16 sinks whose tables were locked made unrelated appends and
+    reads 503)."""
+
+    def __init__(self) -> None:
+        self._gate = _background_gate()
+        self._connection = connection()
+
+    async def __aenter__(self) -> AsyncConnection:
+        await self._gate.acquire()
+        try:
+            return await self._connection.__aenter__()
+        except BaseException:
+            self._gate.release()
+            raise
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        try:
+            await self._connection.__aexit__(exc_type, exc, tb)
+        finally:
+            self._gate.release()
+
+
+_gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def background_connections() -> int:
+    """Connections background work of many tasks may hold at once: a third of the pool."""
+    return max(1, settings.DS_DB_POOL_MAX_SIZE // 3)
+
+
+def _background_gate() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        _gates.clear()  # a loop of its own per test or thread: the old ones are done
+        gate = _gates[loop] = asyncio.Semaphore(background_connections())
+    return gate
+
+
 def carried(conn: AsyncConnection, nbytes: int, *, large: bool = False) -> None:
     """A statement on the borrowed ``conn`` sent or received about ``nbytes``: past
     BUFFER_KEEP_BYTES (LARGE_BUFFER_KEEP_BYTES for a connection reserved for large writes) the

@@ -785,3 +785,34 @@ def test_admin_shows_documents_that_cannot_be_compacted(
     page = html.unescape(detail.text)
     assert error in page
     assert "the updates cannot be merged" in page
+
+
+def test_compactions_waiting_for_a_lock_leave_django_its_connections(
+    start_server: Any, database_url: str
+) -> None:
+    """Probe 10l: each compaction ran in a thread on one of Django's pooled connections (four
+    by default) and held it while it waited for its document's row: with the rows held by an
+    operator's session, documents crossing the threshold took every one, and the admin and the
+    REST API answered 503. One compaction runs at a time per process."""
+    server = start_server(
+        env={
+            "YJS_COMPACTION_THRESHOLD_BYTES": str(COMPACTION_THRESHOLD),
+            "DS_DB__LOCK_TIMEOUT_SECS": "8",
+        }
+    )
+    urls = [doc_url(SERVICE, f"tests/{unique('held-row')}") for _ in range(6)]
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for target in urls:
+            assert http.put(target).status_code == 201
+        with psycopg.connect(database_url) as holder:
+            holder.execute("SELECT 1 FROM yjs_document FOR UPDATE")
+            for target in urls:  # each crosses the threshold: a compaction each
+                written = Written()
+                while written.bytes_sent <= COMPACTION_THRESHOLD:
+                    written.post(http, target)
+            statuses = []
+            for _ in range(6):
+                time.sleep(0.5)
+                statuses.append(http.get("/v1/streams", params={"prefix": "yjs"}).status_code)
+            holder.rollback()
+    assert set(statuses) == {200}, statuses
