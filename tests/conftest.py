@@ -243,7 +243,32 @@ def django_db_setup(
         databases = setup_databases(verbosity=0, interactive=False, aliases={"default"})
     yield
     with django_db_blocker.unblock():
+        _end_sessions()
         teardown_databases(databases, verbosity=0)
+
+
+def _end_sessions(grace: float = 3.0) -> None:
+    """Let the sessions of processes the tests stopped end (a backend outlives its client for
+    a moment), then end any left, saying whose: the test database cannot be dropped while
+    one is open (a run ended in an error at teardown: "being accessed by other users")."""
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    query = (
+        "SELECT pid, application_name, backend_start FROM pg_stat_activity"
+        " WHERE datname = %s AND pid <> pg_backend_pid()"
+    )
+    deadline = time.monotonic() + grace
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(query, [name])
+            left = cursor.fetchall()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for pid, application, started in left:
+            print(f"ending a session left open: pid {pid}, {application!r}, since {started}")
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 @pytest.fixture(scope="session")
