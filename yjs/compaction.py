@@ -220,14 +220,7 @@ def _gate() -> asyncio.Semaphore:
     """Compactions running at once in this process: one. Each takes one of Django's pooled
     connections (four by default) for as long as it runs, locks included: ten documents whose
     rows an operator held made the admin and the REST API answer 503 (probe 10l)."""
-    global _compactions
-    loop = asyncio.get_running_loop()
-    if _compactions is None or _compactions[0] is not loop:
-        _compactions = (loop, asyncio.Semaphore(1))
-    return _compactions[1]
-
-
-_compactions: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+    return store_pool.loop_semaphore("yjs compactions", 1)
 
 
 async def _compact_soon(stream_id: int) -> None:

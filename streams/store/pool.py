@@ -411,21 +411,28 @@ class background_connection:
             self._gate.release()
 
 
-_gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-
-
 def background_connections() -> int:
     """Connections background work of many tasks may hold at once: a third of the pool."""
     return max(1, settings.DS_DB_POOL_MAX_SIZE // 3)
 
 
 def _background_gate() -> asyncio.Semaphore:
+    return loop_semaphore("background connections", background_connections())
+
+
+_semaphores: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Semaphore] = {}
+
+
+def loop_semaphore(name: str, size: int) -> asyncio.Semaphore:
+    """The running event loop's semaphore ``name`` (of ``size``, made the first time)."""
     loop = asyncio.get_running_loop()
-    gate = _gates.get(loop)
-    if gate is None:
-        _gates.clear()  # a loop of its own per test or thread: the old ones are done
-        gate = _gates[loop] = asyncio.Semaphore(background_connections())
-    return gate
+    semaphore = _semaphores.get((loop, name))
+    if semaphore is None:
+        # A loop of its own per test or thread: the others' are done with.
+        for key in [key for key in _semaphores if key[0] is not loop]:
+            del _semaphores[key]
+        semaphore = _semaphores[(loop, name)] = asyncio.Semaphore(size)
+    return semaphore
 
 
 def carried(conn: AsyncConnection, nbytes: int, *, large: bool = False) -> None:
